@@ -1,0 +1,546 @@
+"""omlx-jobs command line: a thin click layer over jobs/, store/ and (lazily) worker/."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from omlx_jobs import __version__
+
+SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3, "GB": 1024**3}
+
+
+def parse_size(text: str) -> int | None:
+    """'2GB' -> bytes; 'none' or 'unbounded' -> None."""
+    if text.strip().lower() in ("none", "unbounded", "inf"):
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?B?)\s*", text.upper())
+    if not m:
+        raise click.BadParameter(f"{text!r} is not a size; use e.g. 512MB, 2GB or 'none'")
+    return int(float(m.group(1)) * SIZE_UNITS[m.group(2)])
+
+
+class Size(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int | None:
+        if value is None or isinstance(value, int):
+            return value
+        return parse_size(str(value))
+
+
+def _store(db: str | None) -> Any:
+    from omlx_jobs.store import open_store
+
+    if db and "://" in db:
+        return open_store(url=db)
+    return open_store(db_path=db)
+
+
+def _redis(url: str | None, *, check: bool = True) -> Any:
+    from omlx_jobs.jobs.queue import connect
+
+    return connect(url, check=check)
+
+
+def _fail(message: str, code: int = 1) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+db_option = click.option(
+    "--db",
+    envvar="OMLX_JOBS_DB",
+    metavar="PATH|URL",
+    help="SQLite file (default: ~/.local/share/omlx-jobs/omlx-jobs.db) or a SQLAlchemy URL. "
+    "Env: OMLX_JOBS_DB; OMLX_JOBS_DATABASE_URL takes any URL.",
+)
+redis_option = click.option(
+    "--redis-url",
+    envvar="OMLX_JOBS_REDIS_URL",
+    metavar="URL",
+    help="Redis URL (redis://, rediss:// for TLS; passwords in the URL). Default redis://127.0.0.1:6379/0. "
+    "Env: OMLX_JOBS_REDIS_URL.",
+)
+
+
+def engine_options(fn: Any) -> Any:
+    opts = [
+        click.option("--model", "-m", required=True, help="Model directory, Hugging Face id, or gguf:FILE.gguf."),
+        click.option("--batch-size", default=32, show_default=True, help="Sequences decoded together."),
+        click.option("--prefill-batch-size", default=8, show_default=True, help="Prompts prefilled together."),
+        click.option("--prefill-step", default=2048, show_default=True, help="Prompt tokens per prefill chunk."),
+        click.option(
+            "--cache-memory",
+            type=Size(),
+            default="2GB",
+            show_default=True,
+            help="Memory for cached shared prefixes ('none' = unbounded). The prefix being used right now "
+            "is kept even when larger.",
+        ),
+        click.option(
+            "--cache-dir",
+            type=click.Path(file_okay=False),
+            envvar="OMLX_JOBS_CACHE_DIR",
+            help="Keep shared-prefix caches on disk here, for later jobs and restarted workers.",
+        ),
+        click.option("--cache-dir-size", type=Size(), default="10GB", show_default=True, help="Disk cache cap."),
+        click.option(
+            "--min-shared-tokens",
+            default=16,
+            show_default=True,
+            help="Shortest shared prefix worth prefilling once for a group of requests.",
+        ),
+        click.option("--no-prefix-cache", is_flag=True, help="Compute every prompt in full (for comparison)."),
+        click.option("--context-length", type=int, help="Override the model's context length."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def _engine(kw: dict[str, Any]) -> Any:
+    from omlx_jobs.worker import model as model_mod
+    from omlx_jobs.worker.engine import Engine, EngineConfig
+
+    config = EngineConfig(
+        completion_batch_size=kw["batch_size"],
+        prefill_batch_size=kw["prefill_batch_size"],
+        prefill_step_size=kw["prefill_step"],
+        prefix_cache=not kw["no_prefix_cache"],
+        min_shared_tokens=kw["min_shared_tokens"],
+        cache_memory=kw["cache_memory"],
+        cache_dir=kw["cache_dir"],
+        cache_dir_bytes=kw["cache_dir_size"] or 10 * 1024**3,
+    )
+    click.echo(f"loading {kw['model']} ...", err=True)
+    loaded = model_mod.load(kw["model"], context_length=kw["context_length"])
+    return Engine(loaded, config)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="omlx-jobs")
+@click.option("-v", "--verbose", count=True, help="More logging (-vv for debug).")
+def cli(verbose: int) -> None:
+    """Batch inference jobs for MLX: submit JSONL, drain it with workers, export OpenAI batch output.
+
+    Quick start without Redis:  omlx-jobs run examples/sample.jsonl --model MODEL -o results.jsonl
+    """
+    level = logging.WARNING - 10 * verbose
+    logging.basicConfig(level=max(level, logging.DEBUG), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+# ---- submit -------------------------------------------------------------------------------------------
+
+
+def _print_rejection(load: Any) -> None:
+    click.echo(f"rejected {load.job_id}: {load.invalid} bad line(s); nothing was queued.", err=True)
+    for err in load.errors[:50]:
+        click.echo(f"  {err}", err=True)
+    if len(load.errors) > 50:
+        click.echo(f"  ... and {load.invalid - 50} more (omlx-jobs status {load.job_id} --json)", err=True)
+    click.echo("Fix the lines, or pass --skip-invalid to run the good ones.", err=True)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--model", "-m", required=True, help="The model a worker serves (same string as `worker --model`).")
+@click.option("--queue", help="Queue name (default omlx:<model>).")
+@click.option("--skip-invalid", is_flag=True, help="Run the valid lines; record bad ones as failed requests.")
+@click.option("--wait", is_flag=True, help="Show a progress bar until the job finishes.")
+@click.option("--shard-size", type=int, help="Requests per shard (default: one shard per job).")
+@click.option("--shard-timeout", type=int, default=24 * 3600, show_default=True, help="Seconds a shard may run.")
+@db_option
+@redis_option
+def submit(
+    file: Path,
+    model: str,
+    queue: str | None,
+    skip_invalid: bool,
+    wait: bool,
+    shard_size: int | None,
+    shard_timeout: int,
+    db: str | None,
+    redis_url: str | None,
+) -> None:
+    """Validate FILE (JSONL: OpenAI batch lines or {"prompt"|"messages": ...}) and queue it; prints the job id."""
+    from omlx_jobs.jobs import actions
+    from omlx_jobs.jobs.queue import RedisUnavailable
+    from omlx_jobs.store import StoreError
+
+    try:
+        redis = _redis(redis_url)
+        store = _store(db)
+        result = actions.submit(
+            store,
+            redis,
+            file,
+            model,
+            queue=queue,
+            skip_invalid=skip_invalid,
+            shard_size=shard_size,
+            shard_timeout=shard_timeout,
+        )
+    except (RedisUnavailable, StoreError) as exc:
+        _fail(str(exc))
+        return
+    load = result.load
+    if load.rejected:
+        _print_rejection(load)
+        sys.exit(2)
+    if load.invalid:
+        click.echo(f"{load.invalid} invalid line(s) recorded as failed requests:", err=True)
+        for err in load.errors[:20]:
+            click.echo(f"  {err}", err=True)
+    click.echo(f"queued {load.valid} request(s) on {result.queue}", err=True)
+    click.echo(load.job_id)
+    if wait:
+        _wait(store, load.job_id)
+
+
+def _wait(store: Any, job_id: str) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from omlx_jobs.jobs import lifecycle
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=None,
+        transient=False,
+    ) as bar:
+        task = bar.add_task(job_id, total=None)
+        while True:
+            job, counts = store.get_job(job_id), store.counts(job_id)
+            done = counts.completed + counts.failed + counts.cancelled
+            bar.update(task, total=counts.total, completed=done, description=f"{job_id} {job.status}")
+            if job.status in lifecycle.TERMINAL:
+                break
+            time.sleep(1)
+    click.echo(f"{job_id}: {store.get_job(job_id).status}", err=True)
+
+
+# ---- status / jobs ------------------------------------------------------------------------------------
+
+
+def _fmt_status(s: dict[str, Any]) -> str:
+    rc = s["request_counts"]
+    u = s["usage"]
+    t = s["throughput"]
+    p = s["prefix"]
+    lines = [
+        f"job        {s['id']}",
+        f"model      {s['model']}",
+        f"status     {s['status']}",
+        f"requests   {rc['completed']} completed, {rc['failed']} failed, {rc['cancelled']} cancelled, "
+        f"{rc['pending']} pending / {rc['total']} total ({s['progress']:.0%})",
+        f"tokens     prompt {u['prompt_tokens']} (cached {u['prompt_tokens_details']['cached_tokens']}), "
+        f"completion {u['completion_tokens']}",
+        f"throughput {t['completion_tokens_per_second']} tok/s, {t['requests_per_second']} req/s "
+        f"over {t['elapsed_seconds']}s",
+    ]
+    if s["eta_seconds"] is not None:
+        lines.append(f"eta        {s['eta_seconds']:.0f}s")
+    if p["trie_min_tokens"]:
+        lines.append(
+            f"prefix     computed {p['prefill_tokens_computed']} / minimum {p['trie_min_tokens']} prompt tokens "
+            f"= {p['efficiency']}x; cache hits {p['cache_hits']}, misses {p['cache_misses']}, "
+            f"evictions {p['cache_evictions']}, peak {p['cache_peak_bytes'] / 1e6:.1f} MB"
+        )
+    if s["errors"]:
+        lines.append(
+            f"errors     {len(s['errors'])} input error(s), first: line {s['errors'][0]['line']}: "
+            f"{s['errors'][0]['message']}"
+        )
+    return "\n".join(lines)
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.option("--watch", is_flag=True, help="Refresh every 2 seconds until the job finishes.")
+@db_option
+def status(job_id: str, as_json: bool, watch: bool, db: str | None) -> None:
+    """Show a job's status, request counts, tokens, throughput, ETA and prefix efficiency."""
+    from omlx_jobs.jobs import lifecycle
+    from omlx_jobs.store import StoreError
+
+    try:
+        store = _store(db)
+        while True:
+            summary = lifecycle.summarize(store.get_job(job_id), store.counts(job_id))
+            if as_json:
+                click.echo(json.dumps(summary, indent=None if watch else 2))
+            else:
+                if watch:
+                    click.clear()
+                click.echo(_fmt_status(summary))
+            if not watch or summary["status"] in lifecycle.TERMINAL:
+                break
+            time.sleep(2)
+    except StoreError as exc:
+        _fail(str(exc))
+
+
+@cli.command("jobs")
+@click.option("--limit", default=20, show_default=True)
+@db_option
+def list_jobs(limit: int, db: str | None) -> None:
+    """List recent jobs."""
+    store = _store(db)
+    rows = store.list_jobs(limit)
+    if not rows:
+        click.echo("no jobs yet: `omlx-jobs submit FILE --model M` or `omlx-jobs run FILE --model M -o OUT`")
+        return
+    click.echo(f"{'JOB':34} {'STATUS':12} {'DONE':>13}  {'CREATED':19}  MODEL")
+    for job in rows:
+        c = store.counts(job.id)
+        done = f"{c.completed + c.failed + c.cancelled}/{c.total}"
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.created_at))
+        click.echo(f"{job.id:34} {job.status:12} {done:>13}  {created}  {job.model}")
+
+
+# ---- results ------------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Output file (default stdout).")
+@click.option(
+    "--errors",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write failed/cancelled requests here (default: into the output).",
+)
+@click.option("--force", is_flag=True, help="Overwrite existing files.")
+@db_option
+def results(job_id: str, output: Path | None, errors: Path | None, force: bool, db: str | None) -> None:
+    """Write results as OpenAI batch output JSONL, in input order."""
+    from omlx_jobs.jobs.export import OutputExists, write_results
+    from omlx_jobs.store import StoreError
+
+    try:
+        counts = write_results(_store(db), job_id, output, errors, force=force)
+    except (OutputExists, StoreError) as exc:
+        _fail(str(exc))
+        return
+    where = f" to {output}" if output else ""
+    msg = f"wrote {counts.written} result(s){where}"
+    if counts.errors:
+        msg += f", {counts.errors} error line(s)" + (f" to {errors}" if errors else "")
+    if counts.pending:
+        msg += f"; {counts.pending} request(s) not finished yet"
+    click.echo(msg, err=True)
+
+
+# ---- cancel / retry / resume ---------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("job_id")
+@db_option
+@redis_option
+def cancel(job_id: str, db: str | None, redis_url: str | None) -> None:
+    """Cancel a job: queued work is dropped, running requests stop, finished results are kept."""
+    from omlx_jobs.jobs import actions
+    from omlx_jobs.jobs.queue import RedisUnavailable
+
+    store = _store(db)
+    try:
+        redis = _redis(redis_url)
+    except RedisUnavailable as exc:
+        click.echo(f"warning: {exc}; cancelling in the store only", err=True)
+        redis = None
+    click.echo(f"{job_id}: {actions.cancel(store, redis, job_id)}")
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("--include-cancelled", is_flag=True, help="Also run requests that were cancelled.")
+@db_option
+@redis_option
+def retry(job_id: str, include_cancelled: bool, db: str | None, redis_url: str | None) -> None:
+    """Run a finished job's failed requests again (invalid input lines stay failed)."""
+    from omlx_jobs.jobs import actions
+
+    try:
+        n = actions.retry(_store(db), _redis(redis_url), job_id, include_cancelled=include_cancelled)
+    except (ValueError, RuntimeError) as exc:
+        _fail(str(exc))
+        return
+    click.echo(f"{job_id}: {n} request(s) queued again" if n else f"{job_id}: nothing to retry")
+
+
+@cli.command()
+@click.argument("job_id")
+@db_option
+@redis_option
+def resume(job_id: str, db: str | None, redis_url: str | None) -> None:
+    """Enqueue a job again (after a submit that failed midway, or lost queue state)."""
+    from omlx_jobs.jobs import actions
+
+    try:
+        ids = actions.resume(_store(db), _redis(redis_url), job_id)
+    except (ValueError, RuntimeError) as exc:
+        _fail(str(exc))
+        return
+    click.echo(f"{job_id}: enqueued {len(ids)} shard(s)")
+
+
+# ---- worker / run -------------------------------------------------------------------------------------
+
+
+@cli.command()
+@engine_options
+@click.option("--queue", help="Queue to serve (default omlx:<model>).")
+@click.option("--burst", is_flag=True, help="Exit when the queue is empty.")
+@click.option(
+    "--drain-timeout",
+    default=60.0,
+    show_default=True,
+    help="On SIGTERM/Ctrl-C, seconds in-flight requests get to finish before the rest go back.",
+)
+@click.option("--name", help="Worker name (default: RQ's).")
+@db_option
+@redis_option
+def worker(
+    queue: str | None,
+    burst: bool,
+    drain_timeout: float,
+    name: str | None,
+    db: str | None,
+    redis_url: str | None,
+    **kw: Any,
+) -> None:
+    """Serve jobs for one model: load it once, drain shards with continuous batching and prefix reuse."""
+    from omlx_jobs.jobs.queue import RedisUnavailable, get_queue, queue_name
+    from omlx_jobs.store import StoreError
+
+    try:
+        redis = _redis(redis_url)
+        store = _store(db)
+    except (RedisUnavailable, StoreError) as exc:
+        _fail(str(exc))
+        return
+    from omlx_jobs.worker import entry
+    from omlx_jobs.worker.model import ModelLoadError
+    from omlx_jobs.worker.rq_worker import OmlxWorker
+
+    try:
+        engine = _engine(kw)
+    except (ModelLoadError, ValueError) as exc:
+        _fail(str(exc))
+        return
+    qname = queue or queue_name(kw["model"])
+    ctx = entry.WorkerContext(store=store, engine=engine, redis=redis, queue=qname, drain_timeout=drain_timeout)
+    entry.install(ctx)
+    w = OmlxWorker([get_queue(redis, qname)], connection=redis, context=ctx, name=name)
+    click.echo(f"worker ready on {qname} (model {kw['model']})", err=True)
+    w.work(burst=burst, logging_level="WARNING")
+
+
+@cli.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@engine_options
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--errors", type=click.Path(dir_okay=False, path_type=Path), help="Error lines here.")
+@click.option("--skip-invalid", is_flag=True, help="Run the valid lines; record bad ones as failed.")
+@click.option("--force", is_flag=True, help="Overwrite existing output files.")
+@click.option("--resume", "resume_job", metavar="JOB", help="Continue an interrupted `run` job.")
+@db_option
+def run(
+    file: Path,
+    output: Path,
+    errors: Path | None,
+    skip_invalid: bool,
+    force: bool,
+    resume_job: str | None,
+    db: str | None,
+    **kw: Any,
+) -> None:
+    """Run FILE locally in this process, without Redis, on the same engine and store; write OUT."""
+    from omlx_jobs.jobs.export import OutputExists, write_results
+    from omlx_jobs.jobs.submit import load_job
+    from omlx_jobs.store import StoreError
+
+    for path in (output, errors):
+        if path is not None and path.exists() and not force:
+            _fail(f"{path} exists; pass --force to overwrite it")
+    try:
+        store = _store(db)
+        if resume_job:
+            job_id = resume_job
+        else:
+            load = load_job(store, file, kw["model"], skip_invalid=skip_invalid)
+            if load.rejected:
+                _print_rejection(load)
+                sys.exit(2)
+            job_id = load.job_id
+        click.echo(f"job {job_id}", err=True)
+        from omlx_jobs.worker.model import ModelLoadError
+
+        try:
+            engine = _engine(kw)
+        except (ModelLoadError, ValueError) as exc:
+            _fail(str(exc))
+            return
+        _run_local(store, engine, job_id)
+        counts = write_results(store, job_id, output, errors, force=True)
+    except (OutputExists, StoreError) as exc:
+        _fail(str(exc))
+        return
+    click.echo(
+        f"wrote {counts.written} result(s) to {output}" + (f", {counts.errors} error line(s)" if counts.errors else ""),
+        err=True,
+    )
+
+
+def _run_local(store: Any, engine: Any, job_id: str) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from omlx_jobs.jobs import lifecycle
+    from omlx_jobs.worker import shard
+    from omlx_jobs.worker.engine import Control
+
+    stop = {"requested": False}
+    counts = store.counts(job_id)
+    done = {"n": counts.total - counts.pending}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+        task = bar.add_task("generating", total=counts.total, completed=done["n"])
+
+        def progress() -> None:
+            done["n"] += 1
+            bar.update(task, completed=done["n"])
+
+        try:
+            shard.run_shard(
+                store,
+                engine,
+                job_id,
+                control=lambda: Control.STOP if stop["requested"] else Control.RUN,
+                on_progress=progress,
+            )
+        except KeyboardInterrupt:
+            click.echo(f"interrupted; finished results are stored. Continue with --resume {job_id}", err=True)
+            sys.exit(130)
+    status = lifecycle.finalize_if_done(store, job_id)
+    summary = lifecycle.summarize(store.get_job(job_id), store.counts(job_id))
+    click.echo(_fmt_status(summary), err=True)
+    if status not in lifecycle.TERMINAL:
+        click.echo(f"job {job_id} is {status}", err=True)
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Job statuses (OpenAI's names), ids, finalization and the progress summary."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from omlx_jobs.store import Store
+from omlx_jobs.store.db import JobCounts, JobInfo
+
+VALIDATING = "validating"
+IN_PROGRESS = "in_progress"
+FINALIZING = "finalizing"
+COMPLETED = "completed"
+FAILED = "failed"
+CANCELLING = "cancelling"
+CANCELLED = "cancelled"
+
+STATUSES = (VALIDATING, IN_PROGRESS, FINALIZING, COMPLETED, FAILED, CANCELLING, CANCELLED)
+TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED})
+RUNNABLE = frozenset({IN_PROGRESS})
+
+
+def new_job_id() -> str:
+    return f"batch_{uuid.uuid4().hex[:24]}"
+
+
+def finalize_if_done(store: Store, job_id: str) -> str:
+    """Move a job whose requests are all final to completed (or cancelled); return its status."""
+    job = store.get_job(job_id)
+    if job.status in TERMINAL or job.status == VALIDATING:
+        return job.status
+    counts = store.counts(job_id)
+    if counts.pending:
+        return job.status
+    if job.status == CANCELLING:
+        store.transition(job_id, CANCELLED, only_from=[CANCELLING])
+        return CANCELLED
+    if store.transition(job_id, FINALIZING, only_from=[IN_PROGRESS]):
+        store.transition(job_id, COMPLETED, only_from=[FINALIZING])
+    return store.get_job(job_id).status
+
+
+def summarize(job: JobInfo, counts: JobCounts, now: float | None = None) -> dict[str, Any]:
+    """A JSON-ready view of a job: OpenAI-style fields plus tokens, throughput, ETA and prefix efficiency."""
+    now = time.time() if now is None else now
+    done = counts.completed + counts.failed + counts.cancelled
+    start = counts.first_started_at
+    end = counts.last_finished_at if counts.pending == 0 and counts.last_finished_at else now
+    elapsed = max(end - start, 1e-9) if start else 0.0
+    rate = counts.completed / elapsed if elapsed and counts.completed else 0.0
+    tok_rate = counts.completion_tokens / elapsed if elapsed else 0.0
+    eta = counts.pending / rate if rate and counts.pending and job.status not in TERMINAL else None
+    efficiency = job.prefill_tokens / job.trie_min_tokens if job.trie_min_tokens else None
+    return {
+        "id": job.id,
+        "object": "batch",
+        "model": job.model,
+        "status": job.status,
+        "input_file": job.input_file,
+        "created_at": int(job.created_at),
+        "in_progress_at": _int(job.in_progress_at),
+        "completed_at": _int(job.completed_at),
+        "cancelled_at": _int(job.cancelled_at),
+        "failed_at": _int(job.failed_at),
+        "request_counts": {
+            "total": counts.total,
+            "completed": counts.completed,
+            "failed": counts.failed,
+            "cancelled": counts.cancelled,
+            "pending": counts.pending,
+        },
+        "progress": done / counts.total if counts.total else (1.0 if job.status in TERMINAL else 0.0),
+        "usage": {
+            "prompt_tokens": counts.prompt_tokens,
+            "completion_tokens": counts.completion_tokens,
+            "total_tokens": counts.prompt_tokens + counts.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": counts.cached_tokens},
+        },
+        "throughput": {
+            "requests_per_second": round(rate, 3),
+            "completion_tokens_per_second": round(tok_rate, 2),
+            "elapsed_seconds": round(elapsed, 2),
+        },
+        "eta_seconds": round(eta, 1) if eta is not None else None,
+        "prefix": {
+            "prefill_tokens_computed": job.prefill_tokens,
+            "trie_min_tokens": job.trie_min_tokens,
+            "efficiency": round(efficiency, 4) if efficiency is not None else None,
+            "cache_hits": job.cache_hits,
+            "cache_misses": job.cache_misses,
+            "cache_evictions": job.cache_evictions,
+            "cache_peak_bytes": job.cache_peak_bytes,
+        },
+        "errors": job.errors,
+    }
+
+
+def _int(value: float | None) -> int | None:
+    return int(value) if value is not None else None

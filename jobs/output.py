@@ -1,0 +1,135 @@
+"""OpenAI batch output lines from stored requests. Pure logic."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from omlx_jobs.jobs.formats import CHAT_URL
+
+# Error codes from input validation or context checks: the request itself is wrong, retrying won't help.
+CLIENT_ERROR_CODES = frozenset(
+    {
+        "invalid_request",
+        "invalid_json",
+        "invalid_encoding",
+        "line_too_long",
+        "duplicate_custom_id",
+        "context_length_exceeded",
+        "invalid_prompt",
+    }
+)
+
+
+def _usage(row: Any) -> dict[str, Any]:
+    prompt = row.prompt_tokens or 0
+    completion = row.completion_tokens or 0
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": row.cached_tokens or 0},
+    }
+
+
+def _choices(row: Any) -> list[tuple[str, str | None]]:
+    first = [(row.output_text or "", row.finish_reason)]
+    more = [(c.get("text", ""), c.get("finish_reason")) for c in (row.more_choices or [])]
+    return first + more
+
+
+def response_body(row: Any, model: str) -> dict[str, Any]:
+    """The `chat.completion` or `text_completion` object of a completed request."""
+    created = int(row.finished_at or 0)
+    if row.endpoint == CHAT_URL:
+        return {
+            "id": f"chatcmpl-{row.id}",
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": reason,
+                }
+                for i, (text, reason) in enumerate(_choices(row))
+            ],
+            "usage": _usage(row),
+        }
+    return {
+        "id": f"cmpl-{row.id}",
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+            for i, (text, reason) in enumerate(_choices(row))
+        ],
+        "usage": _usage(row),
+    }
+
+
+def output_line(row: Any, job_id: str, model: str) -> tuple[dict[str, Any], bool]:
+    """One output line for a final request, and whether it is an error line."""
+    line_id = f"batch_req_{job_id}_{row.idx}"
+    if row.status == "completed":
+        return (
+            {
+                "id": line_id,
+                "custom_id": row.custom_id,
+                "response": {
+                    "status_code": 200,
+                    "request_id": f"req_{row.id}",
+                    "body": response_body(row, model),
+                },
+                "error": None,
+            },
+            False,
+        )
+    if row.status == "cancelled":
+        return (
+            {
+                "id": line_id,
+                "custom_id": row.custom_id,
+                "response": None,
+                "error": {
+                    "code": "batch_cancelled",
+                    "message": "the job was cancelled before this request ran",
+                },
+            },
+            True,
+        )
+    code = row.error_code or "server_error"
+    client = code in CLIENT_ERROR_CODES
+    return (
+        {
+            "id": line_id,
+            "custom_id": row.custom_id,
+            "response": {
+                "status_code": 400 if client else 500,
+                "request_id": f"req_{row.id}",
+                "body": {
+                    "error": {
+                        "message": row.error_message or code,
+                        "type": "invalid_request_error" if client else "server_error",
+                        "param": None,
+                        "code": code,
+                    }
+                },
+            },
+            "error": None,
+        },
+        True,
+    )
+
+
+def output_lines(rows: Iterable[Any], job_id: str, model: str) -> Iterator[tuple[str, bool]]:
+    """Serialized output lines (without newline) for the final rows, in the order given; pending rows skipped."""
+    for row in rows:
+        if row.status == "pending":
+            continue
+        obj, is_error = output_line(row, job_id, model)
+        yield json.dumps(obj, ensure_ascii=False), is_error

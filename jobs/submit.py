@@ -1,0 +1,126 @@
+"""Submit: stream a JSONL file into the store (validated), then hand shards to the queue."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from omlx_jobs.jobs import lifecycle
+from omlx_jobs.jobs.formats import InputError, parse_stream
+from omlx_jobs.store import RequestStatus, Store
+
+MAX_REPORTED_ERRORS = 1000
+INSERT_CHUNK = 2000
+
+
+@dataclass
+class LoadResult:
+    job_id: str
+    total: int = 0
+    valid: int = 0
+    invalid: int = 0
+    errors: list[InputError] = field(default_factory=list)
+    rejected: bool = False
+
+    @property
+    def summary(self) -> str:
+        if self.rejected:
+            return f"rejected: {self.invalid} bad line(s), nothing was queued"
+        skipped = f", {self.invalid} invalid line(s) recorded as failed" if self.invalid else ""
+        return f"{self.valid} request(s){skipped}"
+
+
+class EmptyInput(ValueError):
+    pass
+
+
+def load_job(
+    store: Store,
+    source: Path | IO[bytes],
+    model: str,
+    *,
+    skip_invalid: bool = False,
+    queue: str | None = None,
+    job_id: str | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> LoadResult:
+    """Create a job and its request rows from a JSONL stream; never holds the whole file in memory.
+
+    With bad lines and no `skip_invalid`, the job is marked failed with the errors and keeps no requests.
+    """
+    job_id = job_id or lifecycle.new_job_id()
+    name = str(Path(source).resolve()) if isinstance(source, Path) else getattr(source, "name", None)
+    store.create_job(job_id, model, queue=queue, input_file=name, options={"skip_invalid": skip_invalid})
+    result = LoadResult(job_id)
+    rows: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        store.add_requests(rows)
+        rows.clear()
+        if on_progress:
+            on_progress(result.total)
+
+    stream = open(source, "rb") if isinstance(source, Path) else source  # noqa: SIM115
+    try:
+        for item in parse_stream(stream):
+            if isinstance(item, InputError):
+                result.invalid += 1
+                if len(result.errors) < MAX_REPORTED_ERRORS:
+                    result.errors.append(item)
+                if not skip_invalid:
+                    continue
+                rows.append(_failed_row(job_id, result.total, item))
+            else:
+                result.valid += 1
+                if result.invalid and not skip_invalid:
+                    continue  # the file is rejected anyway; keep validating, stop storing
+                rows.append(
+                    {
+                        "job_id": job_id,
+                        "idx": result.total,
+                        "line": item.line,
+                        "custom_id": item.custom_id,
+                        "endpoint": item.endpoint,
+                        "body": item.body,
+                        "status": RequestStatus.PENDING,
+                    }
+                )
+            result.total += 1
+            if len(rows) >= INSERT_CHUNK:
+                flush()
+        flush()
+    finally:
+        if stream is not source:
+            stream.close()
+
+    if result.valid + result.invalid == 0:
+        result.errors.append(InputError(0, "the file holds no requests", code="empty_file"))
+        result.invalid = 1
+    if (result.invalid and not skip_invalid) or result.valid == 0:
+        result.rejected = True
+        store.delete_requests(job_id)
+        store.update_job(job_id, total=0, errors=[e.to_dict() for e in result.errors])
+        store.transition(job_id, lifecycle.FAILED)
+        result.total = 0
+        return result
+    store.update_job(job_id, total=result.total, errors=[e.to_dict() for e in result.errors] or None)
+    return result
+
+
+def _failed_row(job_id: str, idx: int, error: InputError) -> dict[str, Any]:
+    import time
+
+    return {
+        "job_id": job_id,
+        "idx": idx,
+        "line": error.line,
+        "custom_id": error.custom_id if error.custom_id is not None else f"line-{error.line}",
+        "endpoint": "",
+        "body": None,
+        "status": RequestStatus.FAILED,
+        "error_code": error.code,
+        "error_message": str(error),
+        "finished_at": time.time(),
+    }

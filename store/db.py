@@ -1,0 +1,543 @@
+"""Store: sessions over the jobs/requests tables, SQLite by default, any SQLAlchemy URL otherwise.
+
+Every write is its own short transaction, so a result is durable the moment `record_*` returns.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+from sqlalchemy import Engine, and_, create_engine, delete, event, func, insert, select, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+
+from omlx_jobs.store.models import FINAL_REQUEST_STATUSES, Base, Job, Request, RequestStatus
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+DB_FILENAME = "omlx-jobs.db"
+_LOCK_RETRIES = 8
+
+
+class StoreError(RuntimeError):
+    """The database refused a write or read in a way the user must fix (disk full, read-only, unreachable)."""
+
+
+class JobNotFound(StoreError):
+    """No job with this id."""
+
+
+def data_dir() -> Path:
+    """Where the default SQLite file lives: $OMLX_JOBS_HOME, else $XDG_DATA_HOME/omlx-jobs."""
+    if os.environ.get("OMLX_JOBS_HOME"):
+        return Path(os.environ["OMLX_JOBS_HOME"]).expanduser()
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "omlx-jobs"
+
+
+def default_database_url(db_path: str | os.PathLike[str] | None = None) -> str:
+    """Resolve the database: `db_path` (--db), then OMLX_JOBS_DATABASE_URL, OMLX_JOBS_DB, the data dir."""
+    if db_path:
+        return f"sqlite:///{Path(db_path).expanduser().resolve()}"
+    if os.environ.get("OMLX_JOBS_DATABASE_URL"):
+        return os.environ["OMLX_JOBS_DATABASE_URL"]
+    if os.environ.get("OMLX_JOBS_DB"):
+        return f"sqlite:///{Path(os.environ['OMLX_JOBS_DB']).expanduser().resolve()}"
+    return f"sqlite:///{(data_dir() / DB_FILENAME).resolve()}"
+
+
+def open_store(url: str | None = None, db_path: str | os.PathLike[str] | None = None) -> Store:
+    """Open (and create if needed) the store at `url`, or the default location."""
+    return Store(url or default_database_url(db_path))
+
+
+def _friendly(exc: SQLAlchemyError, url: str) -> StoreError:
+    text = str(getattr(exc, "orig", exc) or exc)
+    low = text.lower()
+    if "readonly" in low or "read-only" in low or "read only" in low:
+        hint = "the database is read-only: check the file's permissions, or point --db elsewhere"
+    elif ("disk" in low and ("full" in low or "space" in low)) or "no space" in low:
+        hint = "the disk is full: free space, then run the command again (nothing finished is lost)"
+    elif "locked" in low or "busy" in low:
+        hint = "the database stayed locked: another process holds a long write; try again"
+    elif "unable to open" in low or "could not connect" in low or "connection refused" in low:
+        hint = "the database cannot be opened: check --db / OMLX_JOBS_DATABASE_URL and that the server runs"
+    else:
+        hint = "database error"
+    return StoreError(f"{hint} ({_safe_url(url)}): {text.splitlines()[0] if text else type(exc).__name__}")
+
+
+def _safe_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url
+
+
+def _retrying(fn: Callable[P, T]) -> Callable[P, T]:
+    """Retry SQLite 'database is locked' past the busy timeout, then raise a StoreError that says what to do."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        store = args[0]
+        assert isinstance(store, Store)
+        delay = 0.05
+        for attempt in range(_LOCK_RETRIES):
+            try:
+                return fn(*args, **kwargs)
+            except OperationalError as exc:
+                locked = "locked" in str(exc).lower() or "busy" in str(exc).lower()
+                if not locked or attempt == _LOCK_RETRIES - 1:
+                    raise _friendly(exc, store.url) from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+            except StoreError:
+                raise
+            except SQLAlchemyError as exc:
+                raise _friendly(exc, store.url) from exc
+        raise AssertionError("unreachable")
+
+    return wrapper
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    id: str
+    model: str
+    queue: str | None
+    input_file: str | None
+    status: str
+    total: int
+    errors: list[dict[str, Any]] | None
+    options: dict[str, Any]
+    created_at: float
+    in_progress_at: float | None
+    finalizing_at: float | None
+    completed_at: float | None
+    failed_at: float | None
+    cancelling_at: float | None
+    cancelled_at: float | None
+    prefill_tokens: int
+    trie_min_tokens: int
+    cache_hits: int
+    cache_misses: int
+    cache_evictions: int
+    cache_peak_bytes: int
+
+
+@dataclass(frozen=True)
+class JobCounts:
+    """Request counts and token totals of one job."""
+
+    total: int
+    pending: int
+    completed: int
+    failed: int
+    cancelled: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    first_started_at: float | None
+    last_finished_at: float | None
+
+
+@dataclass(frozen=True)
+class PendingRequest:
+    id: int
+    idx: int
+    line: int
+    custom_id: str
+    endpoint: str
+    body: dict[str, Any]
+    attempts: int
+
+
+_JOB_COLUMNS = [c.name for c in Job.__table__.columns]
+_REQUEST_INSERT_FIELDS = (
+    "job_id",
+    "idx",
+    "line",
+    "custom_id",
+    "endpoint",
+    "body",
+    "status",
+    "error_code",
+    "error_message",
+    "created_at",
+    "finished_at",
+    "attempts",
+)
+
+
+class Store:
+    """All reads and writes of jobs and requests."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        parsed = make_url(url)
+        self.is_sqlite = parsed.get_backend_name() == "sqlite"
+        kwargs: dict[str, Any] = {"future": True}
+        if self.is_sqlite:
+            database = parsed.database
+            if database and database != ":memory:":
+                _create_private_file(Path(database))
+            kwargs["connect_args"] = {"timeout": 30}
+        else:
+            kwargs["pool_pre_ping"] = True
+        try:
+            self.engine: Engine = create_engine(url, **kwargs)
+        except (SQLAlchemyError, ImportError) as exc:
+            raise StoreError(f"cannot open the database {_safe_url(url)}: {exc}") from exc
+        if self.is_sqlite:
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._create_tables()
+
+    @_retrying
+    def _create_tables(self) -> None:
+        Base.metadata.create_all(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ---- jobs -------------------------------------------------------------------------------------
+
+    @_retrying
+    def create_job(
+        self,
+        job_id: str,
+        model: str,
+        *,
+        queue: str | None = None,
+        input_file: str | None = None,
+        options: dict[str, Any] | None = None,
+        status: str = "validating",
+    ) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                insert(Job).values(
+                    id=job_id,
+                    model=model,
+                    queue=queue,
+                    input_file=input_file,
+                    status=status,
+                    total=0,
+                    options=options or {},
+                    created_at=time.time(),
+                    prefill_tokens=0,
+                    trie_min_tokens=0,
+                    cache_hits=0,
+                    cache_misses=0,
+                    cache_evictions=0,
+                    cache_peak_bytes=0,
+                )
+            )
+
+    @_retrying
+    def get_job(self, job_id: str) -> JobInfo:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(Job.__table__).where(Job.id == job_id)).mappings().first()
+        if row is None:
+            raise JobNotFound(f"no job {job_id!r} in {_safe_url(self.url)}: run `omlx-jobs jobs` to list jobs")
+        data = dict(row)
+        data["options"] = data.get("options") or {}
+        return JobInfo(**data)
+
+    @_retrying
+    def list_jobs(self, limit: int = 50) -> list[JobInfo]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(Job.__table__).order_by(Job.created_at.desc()).limit(limit)).mappings()
+            return [JobInfo(**{**dict(r), "options": r["options"] or {}}) for r in rows]
+
+    @_retrying
+    def update_job(self, job_id: str, **fields: Any) -> None:
+        unknown = set(fields) - set(_JOB_COLUMNS)
+        if unknown:
+            raise ValueError(f"unknown job fields {sorted(unknown)}")
+        with self.engine.begin() as conn:
+            conn.execute(update(Job).where(Job.id == job_id).values(**fields))
+
+    @_retrying
+    def transition(self, job_id: str, to_status: str, *, only_from: Iterable[str] | None = None) -> bool:
+        """Set the job's status (and its `<status>_at` timestamp) if it is in `only_from`. True if changed."""
+        values: dict[str, Any] = {"status": to_status}
+        stamp = f"{to_status}_at"
+        if stamp in _JOB_COLUMNS:
+            values[stamp] = time.time()
+        stmt = update(Job).where(Job.id == job_id)
+        if only_from is not None:
+            stmt = stmt.where(Job.status.in_(list(only_from)))
+        with self.engine.begin() as conn:
+            return conn.execute(stmt.values(**values)).rowcount > 0
+
+    @_retrying
+    def add_job_stats(self, job_id: str, *, peak_bytes: int = 0, **deltas: int) -> None:
+        """Add prefix-accounting deltas (prefill_tokens, trie_min_tokens, cache_*) to the job atomically."""
+        values: dict[str, Any] = {}
+        for name, delta in deltas.items():
+            if name not in _JOB_COLUMNS:
+                raise ValueError(f"unknown job stat {name}")
+            if delta:
+                values[name] = getattr(Job, name) + int(delta)
+        if peak_bytes:
+            values["cache_peak_bytes"] = func.max(Job.cache_peak_bytes, int(peak_bytes))
+            if not self.is_sqlite:
+                values["cache_peak_bytes"] = func.greatest(Job.cache_peak_bytes, int(peak_bytes))
+        if values:
+            with self.engine.begin() as conn:
+                conn.execute(update(Job).where(Job.id == job_id).values(**values))
+
+    # ---- requests: writing ---------------------------------------------------------------------
+
+    @_retrying
+    def add_requests(self, rows: list[dict[str, Any]]) -> None:
+        """Insert a chunk of request rows (dicts with _REQUEST_INSERT_FIELDS) in one transaction."""
+        if not rows:
+            return
+        now = time.time()
+        prepared = []
+        for r in rows:
+            row = {k: r.get(k) for k in _REQUEST_INSERT_FIELDS}
+            row["status"] = row["status"] or RequestStatus.PENDING
+            row["created_at"] = row["created_at"] or now
+            row["attempts"] = row["attempts"] or 0
+            prepared.append(row)
+        with self.engine.begin() as conn:
+            conn.execute(insert(Request), prepared)
+
+    @_retrying
+    def delete_requests(self, job_id: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(delete(Request).where(Request.job_id == job_id))
+
+    @_retrying
+    def mark_started(self, request_ids: list[int]) -> None:
+        """Count an attempt for each request about to run."""
+        if not request_ids:
+            return
+        now = time.time()
+        with self.engine.begin() as conn:
+            for chunk in _chunks(request_ids, 500):
+                conn.execute(
+                    update(Request)
+                    .where(Request.id.in_(chunk), Request.status == RequestStatus.PENDING)
+                    .values(attempts=Request.attempts + 1, started_at=func.coalesce(Request.started_at, now))
+                )
+
+    @_retrying
+    def record_completion(
+        self,
+        request_id: int,
+        *,
+        output_text: str,
+        finish_reason: str,
+        prompt_tokens: int,
+        cached_tokens: int,
+        completion_tokens: int,
+        more_choices: list[dict[str, Any]] | None = None,
+        started_at: float | None = None,
+    ) -> bool:
+        """Store a finished request. Only a pending request takes a result, so there is never a second one."""
+        with self.engine.begin() as conn:
+            res = conn.execute(
+                update(Request)
+                .where(Request.id == request_id, Request.status == RequestStatus.PENDING)
+                .values(
+                    status=RequestStatus.COMPLETED,
+                    output_text=output_text,
+                    more_choices=more_choices,
+                    finish_reason=finish_reason,
+                    prompt_tokens=prompt_tokens,
+                    cached_tokens=cached_tokens,
+                    completion_tokens=completion_tokens,
+                    error_code=None,
+                    error_message=None,
+                    started_at=func.coalesce(Request.started_at, started_at),
+                    finished_at=time.time(),
+                )
+            )
+            return res.rowcount > 0
+
+    @_retrying
+    def record_failure(self, request_id: int, code: str, message: str, *, prompt_tokens: int | None = None) -> bool:
+        """Mark a pending request failed with a typed error code."""
+        with self.engine.begin() as conn:
+            res = conn.execute(
+                update(Request)
+                .where(Request.id == request_id, Request.status == RequestStatus.PENDING)
+                .values(
+                    status=RequestStatus.FAILED,
+                    error_code=code,
+                    error_message=message,
+                    prompt_tokens=prompt_tokens,
+                    finished_at=time.time(),
+                )
+            )
+            return res.rowcount > 0
+
+    @_retrying
+    def record_error_note(self, request_id: int, code: str, message: str) -> None:
+        """Note a transient error on a request that stays pending (it will be retried)."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(Request)
+                .where(Request.id == request_id, Request.status == RequestStatus.PENDING)
+                .values(error_code=code, error_message=message)
+            )
+
+    @_retrying
+    def cancel_pending(self, job_id: str, request_ids: list[int] | None = None) -> int:
+        """Mark pending requests of a job (or just `request_ids`) cancelled; returns how many."""
+        now = time.time()
+        with self.engine.begin() as conn:
+            stmt = update(Request).where(Request.job_id == job_id, Request.status == RequestStatus.PENDING)
+            if request_ids is None:
+                return conn.execute(stmt.values(status=RequestStatus.CANCELLED, finished_at=now)).rowcount
+            total = 0
+            for chunk in _chunks(request_ids, 500):
+                total += conn.execute(
+                    stmt.where(Request.id.in_(chunk)).values(status=RequestStatus.CANCELLED, finished_at=now)
+                ).rowcount
+            return total
+
+    @_retrying
+    def reset_for_retry(self, job_id: str, *, include_cancelled: bool = False) -> int:
+        """Put failed (and optionally cancelled) requests back to pending, except invalid input lines."""
+        statuses = [RequestStatus.FAILED] + ([RequestStatus.CANCELLED] if include_cancelled else [])
+        with self.engine.begin() as conn:
+            return conn.execute(
+                update(Request)
+                .where(
+                    Request.job_id == job_id,
+                    Request.status.in_(statuses),
+                    Request.body.is_not(None),
+                )
+                .values(
+                    status=RequestStatus.PENDING,
+                    error_code=None,
+                    error_message=None,
+                    finished_at=None,
+                )
+            ).rowcount
+
+    # ---- requests: reading ---------------------------------------------------------------------
+
+    @_retrying
+    def pending_requests(self, job_id: str, start: int = 0, end: int | None = None) -> list[PendingRequest]:
+        """Requests of the shard [start, end) that have no final result yet, in input order."""
+        cond = [Request.job_id == job_id, Request.status == RequestStatus.PENDING, Request.idx >= start]
+        if end is not None:
+            cond.append(Request.idx < end)
+        cols = (
+            Request.id,
+            Request.idx,
+            Request.line,
+            Request.custom_id,
+            Request.endpoint,
+            Request.body,
+            Request.attempts,
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(*cols).where(and_(*cond)).order_by(Request.idx))
+            return [PendingRequest(*r) for r in rows]
+
+    @_retrying
+    def counts(self, job_id: str) -> JobCounts:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(
+                    Request.status,
+                    func.count(),
+                    func.coalesce(func.sum(Request.prompt_tokens), 0),
+                    func.coalesce(func.sum(Request.cached_tokens), 0),
+                    func.coalesce(func.sum(Request.completion_tokens), 0),
+                    func.min(Request.started_at),
+                    func.max(Request.finished_at),
+                )
+                .where(Request.job_id == job_id)
+                .group_by(Request.status)
+            ).all()
+        by_status = {r[0]: r[1] for r in rows}
+        done = [r for r in rows if r[0] == RequestStatus.COMPLETED]
+        starts = [r[5] for r in rows if r[5] is not None]
+        ends = [r[6] for r in rows if r[6] is not None and r[0] != RequestStatus.PENDING]
+        return JobCounts(
+            total=sum(by_status.values()),
+            pending=by_status.get(RequestStatus.PENDING, 0),
+            completed=by_status.get(RequestStatus.COMPLETED, 0),
+            failed=by_status.get(RequestStatus.FAILED, 0),
+            cancelled=by_status.get(RequestStatus.CANCELLED, 0),
+            prompt_tokens=int(sum(r[2] for r in done)),
+            cached_tokens=int(sum(r[3] for r in done)),
+            completion_tokens=int(sum(r[4] for r in done)),
+            first_started_at=min(starts) if starts else None,
+            last_finished_at=max(ends) if ends else None,
+        )
+
+    def iter_requests(self, job_id: str, batch_size: int = 1000) -> Iterator[Request]:
+        """Stream every request row of a job in input order, `batch_size` rows at a time (keyset paging)."""
+        last_idx = -1
+        while True:
+            page = self._page(job_id, last_idx, batch_size)
+            if not page:
+                return
+            yield from page
+            last_idx = page[-1].idx
+
+    @_retrying
+    def _page(self, job_id: str, after_idx: int, limit: int) -> list[Any]:
+        with self.engine.connect() as conn:
+            return list(
+                conn.execute(
+                    select(Request.__table__)
+                    .where(Request.job_id == job_id, Request.idx > after_idx)
+                    .order_by(Request.idx)
+                    .limit(limit)
+                )
+            )
+
+    @_retrying
+    def request_statuses(self, job_id: str) -> dict[str, str]:
+        """custom_id -> status, for tests and small jobs."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(Request.custom_id, Request.status).where(Request.job_id == job_id))
+            return {r[0]: r[1] for r in rows}
+
+
+def _chunks(items: list[int], n: int) -> Iterator[list[int]]:
+    for i in range(0, len(items), n):
+        yield items[i : i + n]
+
+
+def _create_private_file(path: Path) -> None:
+    """Create the SQLite file (and its folder) readable by the owner only: it holds every prompt."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+        os.close(fd)
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.close()
+
+
+__all__ = [
+    "FINAL_REQUEST_STATUSES",
+    "JobCounts",
+    "JobInfo",
+    "JobNotFound",
+    "PendingRequest",
+    "Store",
+    "StoreError",
+]

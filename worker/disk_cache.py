@@ -1,0 +1,100 @@
+"""Disk tier of the prefix cache: warm-up prefixes saved with mlx-lm's save_prompt_cache.
+
+Files live in DIR/<model identity>/<hash of the token ids>.safetensors, beside a .tokens file holding the
+token ids, so a later job or a restarted worker finds the longest saved prefix. Size is capped; the least
+recently used files go first. A corrupt or mismatched file is removed and ignored, never a crash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+
+from omlx_jobs.worker.planner import common_prefix_tokens
+
+log = logging.getLogger(__name__)
+
+
+class DiskCache:
+    def __init__(self, root: str | os.PathLike[str], model_identity: str, max_bytes: int) -> None:
+        self.model_identity = model_identity
+        self.dir = Path(root).expanduser() / model_identity
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.max_bytes = max_bytes
+        self._index: dict[bytes, Path] = {}
+        for tok_file in self.dir.glob("*.tokens"):
+            data = tok_file.with_suffix(".safetensors")
+            if data.exists():
+                self._index[tok_file.read_bytes()] = data
+            else:
+                tok_file.unlink(missing_ok=True)
+
+    def _path(self, key: bytes) -> Path:
+        return self.dir / f"{hashlib.sha256(key).hexdigest()[:40]}.safetensors"
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def best_prefix(self, key: bytes, *, trimmable: bool) -> tuple[bytes, int] | None:
+        """The saved key sharing the longest prefix with `key` (whole saved prefixes only if not trimmable)."""
+        best: tuple[bytes, int] | None = None
+        for saved in self._index:
+            shared = common_prefix_tokens(saved, key)
+            if not trimmable and shared != len(saved) // 4:
+                continue
+            if shared and (best is None or shared > best[1]):
+                best = (saved, shared)
+        return best
+
+    def load(self, key: bytes) -> list[Any] | None:
+        path = self._index.get(key) or self._path(key)
+        if not path.exists():
+            return None
+        try:
+            cache, meta = load_prompt_cache(str(path), return_metadata=True)
+            if meta.get("model") != self.model_identity or meta.get("tokens") != key.hex():
+                raise ValueError("file does not match this model or prefix")
+        except Exception as exc:
+            log.warning("ignoring unusable prefix cache file %s (%s); removing it", path, exc)
+            self._drop(key, path)
+            return None
+        os.utime(path)
+        return cache
+
+    def save(self, key: bytes, cache: list[Any]) -> None:
+        path = self._path(key)
+        if path.exists():
+            os.utime(path)
+            return
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".safetensors")
+            os.close(fd)
+            save_prompt_cache(tmp, cache, metadata={"model": self.model_identity, "tokens": key.hex()})
+            os.replace(tmp, path)
+            path.with_suffix(".tokens").write_bytes(key)
+        except Exception as exc:  # a full disk must not stop generation; the cache is an optimization
+            log.warning("could not save a prefix cache file in %s: %s", self.dir, exc)
+            Path(tmp).unlink(missing_ok=True)
+            return
+        self._index[key] = path
+        self._enforce_cap()
+
+    def _drop(self, key: bytes, path: Path) -> None:
+        self._index.pop(key, None)
+        path.unlink(missing_ok=True)
+        path.with_suffix(".tokens").unlink(missing_ok=True)
+
+    def _enforce_cap(self) -> None:
+        files = [(p.stat().st_mtime, p.stat().st_size, k, p) for k, p in self._index.items() if p.exists()]
+        total = sum(f[1] for f in files)
+        for _, size, key, path in sorted(files):
+            if total <= self.max_bytes:
+                break
+            self._drop(key, path)
+            total -= size

@@ -1,0 +1,479 @@
+"""Engine adapter: continuous batching over mlx-lm's BatchGenerator, with planned prefix reuse.
+
+This is the only module that touches mlx-lm internals (BatchGenerator, KV cache classes).
+run(): plan the shard (planner), then admit sequences depth-first, prefilling each shared prefix once
+(a warm-up) and inserting requests with copies of the cached prefix; refill the batch as requests finish.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, make_prompt_cache
+
+from omlx_jobs.jobs.formats import SamplingParams
+from omlx_jobs.worker import planner
+from omlx_jobs.worker.disk_cache import DiskCache
+from omlx_jobs.worker.model import LoadedModel, PromptError
+from omlx_jobs.worker.prefix_cache import DEFAULT_CACHE_MEMORY, Entry, Match, PrefixCache
+from omlx_jobs.worker.sampling import SamplerFactory
+
+
+class Control(enum.Enum):
+    RUN = "run"
+    DRAIN = "drain"  # admit nothing new; let in-flight requests finish
+    STOP = "stop"  # stop now; unfinished requests stay pending (they run again later)
+    CANCEL = "cancel"  # stop now; unfinished requests are reported for cancellation
+
+
+@dataclass
+class EngineConfig:
+    completion_batch_size: int = 32
+    prefill_batch_size: int = 8
+    prefill_step_size: int = 2048
+    prefix_cache: bool = True
+    min_shared_tokens: int = planner.DEFAULT_MIN_SHARED_TOKENS
+    cache_memory: int | None = DEFAULT_CACHE_MEMORY
+    cache_dir: str | None = None
+    cache_dir_bytes: int = 10 * 1024**3
+
+    def __post_init__(self) -> None:
+        if self.completion_batch_size < 1 or self.prefill_batch_size < 1 or self.prefill_step_size < 1:
+            raise ValueError("batch sizes and the prefill step must be at least 1")
+        if self.min_shared_tokens < 1:
+            raise ValueError("min_shared_tokens must be at least 1")
+
+
+@dataclass
+class WorkItem:
+    key: Any
+    tokens: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class Choice:
+    text: str
+    finish_reason: str
+    completion_tokens: int
+    token_ids: list[int]
+
+
+@dataclass
+class ItemResult:
+    key: Any
+    choices: list[Choice]
+    prompt_tokens: int
+    cached_tokens: int
+    started_at: float
+    finished_at: float
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.completion_tokens for c in self.choices)
+
+
+@dataclass
+class RunStats:
+    prompt_tokens: int = 0
+    trie_min_tokens: int = 0
+    prefill_tokens: int = 0
+    """Prompt tokens actually run through the model: warm-ups plus every uncached suffix."""
+    warmup_tokens: int = 0
+    warmups: int = 0
+    warmup_seconds: float = 0.0
+    first_token_reuses: int = 0
+    disk_hits: int = 0
+    generation_tokens: int = 0
+    seconds: float = 0.0
+    unfinished: list[Any] = field(default_factory=list)
+    cache_hits_before: int = 0
+    cache_misses_before: int = 0
+    cache_evictions_before: int = 0
+
+
+@dataclass
+class _Seq:
+    item: int
+    choice: int
+    stops: tuple[str, ...]
+    tokens: list[int] = field(default_factory=list)
+    generated: int = 0
+    detok: Any = None
+    scanned: int = 0
+
+
+@dataclass
+class _ItemState:
+    remaining: int
+    started_at: float
+    cached: int
+    choices: dict[int, Choice] = field(default_factory=dict)
+
+
+class Engine:
+    """Holds the loaded model and its prefix cache across jobs."""
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
+        self.loaded = loaded
+        self.config = config or EngineConfig()
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        probe = make_prompt_cache(self.model)
+        self.trimmable = can_trim_prompt_cache(probe)
+        # Reuse needs caches BatchGenerator can merge; others fall back to no reuse.
+        self.reusable = all(hasattr(c, "merge") for c in probe)
+        self.cache = PrefixCache(
+            max_bytes=self.config.cache_memory,
+            trimmable=self.trimmable,
+            bucket_tokens=self.config.min_shared_tokens,
+        )
+        self.disk = (
+            DiskCache(self.config.cache_dir, loaded.identity, max_bytes=self.config.cache_dir_bytes)
+            if self.config.cache_dir and self.config.prefix_cache and self.reusable
+            else None
+        )
+        self.samplers = SamplerFactory()
+        self.eos = sorted(self.tokenizer.eos_token_ids)
+
+    @property
+    def prefix_enabled(self) -> bool:
+        return self.config.prefix_cache and self.reusable
+
+    # ---- checks ------------------------------------------------------------------------------------
+
+    def check(self, tokens: Sequence[int], params: SamplingParams) -> None:
+        """Raise PromptError if the prompt leaves no room to generate within the model's context."""
+        ctx = self.loaded.context_length
+        if len(tokens) >= ctx:
+            raise PromptError(
+                "context_length_exceeded",
+                f"the prompt is {len(tokens)} tokens; this model's context is {ctx} tokens. Shorten the prompt",
+            )
+
+    def max_new_tokens(self, n_prompt: int, params: SamplingParams) -> int:
+        return max(1, min(params.max_tokens, self.loaded.context_length - n_prompt))
+
+    # ---- the run loop --------------------------------------------------------------------------
+
+    def run(
+        self,
+        items: Sequence[WorkItem],
+        on_result: Callable[[ItemResult], None],
+        control: Callable[[], Control] = lambda: Control.RUN,
+        *,
+        on_admit: Callable[[list[Any]], None] | None = None,
+        on_plan: Callable[[RunStats], None] | None = None,
+    ) -> RunStats:
+        """Generate every item (n choices each), calling on_result as each item finishes.
+
+        on_admit gets the keys of items about to start (once per refill); on_plan the planned totals.
+        """
+        started = time.perf_counter()
+        stats = RunStats(
+            cache_hits_before=self.cache.stats.hits,
+            cache_misses_before=self.cache.stats.misses,
+            cache_evictions_before=self.cache.stats.evictions,
+        )
+        seqs = [(i, c) for i, item in enumerate(items) for c in range(item.params.n)]
+        item_keys = [planner.token_key(item.tokens) for item in items]
+        keys = [item_keys[i] for i, _ in seqs]
+        if self.prefix_enabled:
+            the_plan = planner.plan(keys, self.config.min_shared_tokens)
+        else:  # input order, no warm-ups: what mlx_lm.batch_generate does
+            minimum = planner.plan(keys, 1 << 30)
+            the_plan = planner.Plan(list(range(len(seqs))), [], minimum.trie_min_tokens, minimum.prompt_tokens)
+        stats.trie_min_tokens = the_plan.trie_min_tokens
+        stats.prompt_tokens = the_plan.prompt_tokens
+        if on_plan is not None:
+            on_plan(stats)
+        warm_at = the_plan.warmups_starting_at()
+        for entry in self.cache.entries():
+            entry.needed_until = -1  # left from an earlier run: its subtree here is unknown, evict first
+
+        gen = BatchGenerator(
+            self.model,
+            stop_tokens=[[t] for t in self.eos],
+            completion_batch_size=self.config.completion_batch_size,
+            prefill_batch_size=self.config.prefill_batch_size,
+            prefill_step_size=self.config.prefill_step_size,
+        )
+        window = self.config.completion_batch_size + self.config.prefill_batch_size
+        states: dict[int, _ItemState] = {}
+        active: dict[int, _Seq] = {}
+        pinned: list[tuple[Entry, int]] = []
+        pos = 0
+        try:
+            while True:
+                mode = control()
+                if mode in (Control.STOP, Control.CANCEL):
+                    break
+                batch = the_plan.order[pos : pos + max(0, window - len(active))] if mode is Control.RUN else []
+                if batch and on_admit is not None:
+                    new = [items[seqs[s][0]].key for s in batch if seqs[s][0] not in states]
+                    if new:
+                        on_admit(list(dict.fromkeys(new)))
+                for s in batch:
+                    self.cache.advance(pos)
+                    pinned = self._release_pins(pinned, pos)
+                    for w in warm_at.get(pos, ()):
+                        entry = self._warm_up(keys[s][: w.depth * 4], w.last, gen, stats)
+                        pinned.append((entry, w.last))
+                    i, c = seqs[s]
+                    self._admit(gen, items, i, c, item_keys[i], states, active, stats, on_result)
+                    pos += 1
+                if not active:
+                    if mode is not Control.RUN or pos >= len(the_plan.order):
+                        break
+                    continue
+                _, responses = gen.next()  # one step; a long prefill still returns here to check control
+                for r in responses:
+                    seq = active.get(r.uid)
+                    if seq is None:
+                        continue
+                    seq.generated += 1
+                    stats.generation_tokens += 1
+                    reason = r.finish_reason
+                    if reason != "stop":
+                        seq.tokens.append(r.token)
+                        if seq.stops and self._hit_stop(seq):
+                            gen.remove([r.uid])
+                            reason = "stop"
+                    if reason is not None:
+                        del active[r.uid]
+                        self._finish(seq, reason, items, states, on_result)
+        finally:
+            if active:
+                gen.remove(list(active))
+            gen.close()
+            for entry, _ in pinned:
+                self.cache.unpin(entry)
+            self.cache.evict_to_fit()
+        stats.unfinished = [items[i].key for i in range(len(items)) if i not in states or states[i].remaining]
+        stats.seconds = time.perf_counter() - started
+        return stats
+
+    def _release_pins(self, pinned: list[tuple[Entry, int]], pos: int) -> list[tuple[Entry, int]]:
+        keep = []
+        for entry, last in pinned:
+            if last < pos:
+                self.cache.unpin(entry)
+            else:
+                keep.append((entry, last))
+        if len(keep) != len(pinned):
+            self.cache.evict_to_fit()
+        return keep
+
+    # ---- admission -------------------------------------------------------------------------------
+
+    def _admit(
+        self,
+        gen: BatchGenerator,
+        items: Sequence[WorkItem],
+        i: int,
+        choice: int,
+        key: bytes,
+        states: dict[int, _ItemState],
+        active: dict[int, _Seq],
+        stats: RunStats,
+        on_result: Callable[[ItemResult], None],
+    ) -> None:
+        item = items[i]
+        tokens, params = item.tokens, item.params
+        n = len(tokens)
+        sampler = self.samplers.sampler(params, choice)
+        processors = self.samplers.logits_processors(params)
+        max_tokens = self.max_new_tokens(n, params)
+        seq = _Seq(item=i, choice=choice, stops=params.stop)
+        if seq.stops:
+            seq.detok = self.tokenizer.detokenizer
+            seq.detok.reset()
+
+        match = self.cache.lookup(key, limit=n) if self.prefix_enabled else None
+        if match is not None and match.length == n and match.entry.tokens == n and match.entry.logits is not None:
+            # The whole prompt is cached with its final logits: sample the first token from them.
+            first = self._sample_first(match.entry.logits, tokens, sampler, processors)
+            self._note_start(states, i, item, cached=n)
+            stats.first_token_reuses += 1
+            seq.generated = 1
+            stats.generation_tokens += 1
+            if first in self.eos:
+                self._finish(seq, "stop", items, states, on_result)
+                return
+            seq.tokens.append(first)
+            if max_tokens == 1 or (seq.stops and self._hit_stop(seq)):
+                self._finish(seq, "length" if max_tokens == 1 else "stop", items, states, on_result)
+                return
+            caches, all_tokens, prompt, max_tokens = (
+                self._view(match.entry, n),
+                list(tokens),
+                [first],
+                max_tokens - 1,
+            )
+        else:
+            if match is not None and match.length >= n:
+                match = self.cache.lookup(key, limit=n - 1, count=False)
+            cached = match.length if match is not None else 0
+            self._note_start(states, i, item, cached=cached)
+            stats.prefill_tokens += n - cached
+            caches = self._view(match.entry, cached) if match is not None else None
+            all_tokens, prompt = list(tokens[:cached]), tokens[cached:]
+        (uid,) = gen.insert(
+            [prompt],
+            max_tokens=[max_tokens],
+            caches=[caches],
+            all_tokens=[all_tokens],
+            samplers=[sampler],
+            logits_processors=[processors],
+        )
+        active[uid] = seq
+
+    def _note_start(self, states: dict[int, _ItemState], i: int, item: WorkItem, cached: int) -> None:
+        state = states.get(i)
+        if state is None:
+            states[i] = _ItemState(remaining=item.params.n, started_at=time.time(), cached=cached)
+        else:
+            state.cached = min(state.cached, cached)
+
+    def _sample_first(self, logits: mx.array, tokens: list[int], sampler: Any, processors: list[Any]) -> int:
+        if processors:
+            context = mx.array(tokens)
+            for proc in processors:
+                logits = proc(context, logits)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        tok = sampler(logprobs) if sampler is not None else mx.argmax(logprobs, axis=-1)
+        return int(tok.item())
+
+    def _view(self, entry: Entry, length: int) -> list[Any]:
+        """Per-layer caches holding the first `length` tokens of `entry`, safe to hand to BatchGenerator.
+
+        BatchGenerator copies them when it merges a batch, so a KVCache view is a slice, not a copy.
+        """
+        out = []
+        for c in entry.value:
+            if isinstance(c, KVCache):
+                v = KVCache()
+                if length:
+                    v.keys = c.keys[..., :length, :]
+                    v.values = c.values[..., :length, :]
+                v.offset = length
+                out.append(v)
+            else:
+                v = copy.copy(c)
+                if length < entry.tokens:
+                    v.trim(entry.tokens - length)
+                out.append(v)
+        return out
+
+    # ---- warm-ups ----------------------------------------------------------------------------------
+
+    def _warm_up(self, key: bytes, last: int, gen: BatchGenerator, stats: RunStats) -> Entry:
+        """Make sure the prefix `key` is cached (computing only what no entry holds); pin it for the group."""
+        entry = self.cache.get(key)
+        if entry is not None:
+            entry.needed_until = max(entry.needed_until, last)
+            self.cache.pin(entry)
+            return entry
+        depth = len(key) // 4
+        base = self.cache.lookup(key, limit=depth, count=False)
+        if self.disk is not None:
+            found = self.disk.best_prefix(key, trimmable=self.trimmable)
+            if found is not None and (base is None or min(found[1], depth) > base.length):
+                loaded = self.disk.load(found[0])
+                if loaded is not None:
+                    stats.disk_hits += 1
+                    disk_entry = self.cache.add(found[0], loaded, _nbytes(loaded), needed_until=last)
+                    base = Match(disk_entry, min(found[1], depth))
+        if base is not None and base.length == depth and base.entry.tokens == depth:
+            base.entry.needed_until = max(base.entry.needed_until, last)
+            self.cache.pin(base.entry)
+            return base.entry
+        tic = time.perf_counter()
+        start = base.length if base is not None else 0
+        caches = self._extendable(base.entry, start) if base is not None else make_prompt_cache(self.model)
+        tokens = planner.key_tokens(key)[start:]
+        step = self.config.prefill_step_size
+        logits = None
+        with mx.stream(gen.stream):
+            for s in range(0, len(tokens), step):
+                out = self.model(mx.array(tokens[s : s + step])[None], cache=caches)
+                logits = out[:, -1, :]
+                mx.eval([c.state for c in caches], logits)
+            caches = [_compact(c) for c in caches]
+            mx.eval([c.state for c in caches])
+        stats.warmups += 1
+        stats.warmup_tokens += len(tokens)
+        stats.prefill_tokens += len(tokens)
+        stats.warmup_seconds += time.perf_counter() - tic
+        entry = self.cache.add(key, caches, _nbytes(caches), needed_until=last, logits=logits, pin=True)
+        if self.disk is not None:
+            self.disk.save(key, caches)
+        return entry
+
+    def _extendable(self, entry: Entry, length: int) -> list[Any]:
+        """A copy of `entry`'s first `length` tokens that the model may extend without touching the entry."""
+        if all(isinstance(c, KVCache) for c in entry.value):
+            return self._view(entry, length)
+        return [copy.deepcopy(c) for c in self._view(entry, length)]
+
+    # ---- finishing ---------------------------------------------------------------------------------
+
+    def _hit_stop(self, seq: _Seq) -> bool:
+        """Feed the newest token to the sequence's detokenizer; True once a stop string appears."""
+        seq.detok.add_token(seq.tokens[-1])
+        text = seq.detok.text
+        longest = max(len(s) for s in seq.stops)
+        start = max(0, seq.scanned - longest + 1)
+        seq.scanned = len(text)
+        return any(s in text[start:] for s in seq.stops)
+
+    def _finish(
+        self,
+        seq: _Seq,
+        reason: str,
+        items: Sequence[WorkItem],
+        states: dict[int, _ItemState],
+        on_result: Callable[[ItemResult], None],
+    ) -> None:
+        text = self.tokenizer.decode(seq.tokens)
+        if seq.stops:
+            cut = min((p for p in (text.find(s) for s in seq.stops) if p >= 0), default=-1)
+            if cut >= 0:
+                text, reason = text[:cut], "stop"
+        state = states[seq.item]
+        state.choices[seq.choice] = Choice(text, reason, seq.generated, list(seq.tokens))
+        state.remaining -= 1
+        if state.remaining == 0:
+            item = items[seq.item]
+            on_result(
+                ItemResult(
+                    key=item.key,
+                    choices=[state.choices[c] for c in range(item.params.n)],
+                    prompt_tokens=len(item.tokens),
+                    cached_tokens=state.cached,
+                    started_at=state.started_at,
+                    finished_at=time.time(),
+                )
+            )
+
+
+def _compact(c: Any) -> Any:
+    """Drop a KVCache's unused preallocated tail so the entry's bytes are what it holds."""
+    if isinstance(c, KVCache) and c.keys is not None and c.keys.shape[2] != c.offset:
+        out = KVCache()
+        out.keys = mx.contiguous(c.keys[..., : c.offset, :])
+        out.values = mx.contiguous(c.values[..., : c.offset, :])
+        out.offset = c.offset
+        return out
+    return c
+
+
+def _nbytes(caches: list[Any]) -> int:
+    return int(sum(c.nbytes for c in caches))

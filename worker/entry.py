@@ -1,0 +1,80 @@
+"""The RQ entry point of a shard, and the worker process's context (store, engine, stop flags).
+
+RQ calls `run_shard` with JSON arguments; the model stays loaded in this process between shards.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis import Redis
+
+from omlx_jobs.jobs.queue import Shard, enqueue_shards
+from omlx_jobs.store import Store
+from omlx_jobs.worker import shard
+from omlx_jobs.worker.engine import Control, Engine
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DRAIN_TIMEOUT = 60.0
+
+
+@dataclass
+class WorkerContext:
+    store: Store
+    engine: Engine
+    redis: Redis | None = None
+    queue: str | None = None
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
+    _drain_deadline: float | None = field(default=None, repr=False)
+    _stop: bool = field(default=False, repr=False)
+
+    def request_drain(self) -> None:
+        """Stop admitting; in-flight requests get drain_timeout seconds to finish, the rest go back to the queue."""
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + self.drain_timeout
+
+    def request_stop(self) -> None:
+        self._stop = True
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop or self._drain_deadline is not None
+
+    def control(self) -> Control:
+        if self._stop:
+            return Control.STOP
+        if self._drain_deadline is not None:
+            return Control.DRAIN if time.monotonic() < self._drain_deadline else Control.STOP
+        return Control.RUN
+
+
+_context: WorkerContext | None = None
+
+
+def install(context: WorkerContext | None) -> None:
+    global _context
+    _context = context
+
+
+def current() -> WorkerContext:
+    if _context is None:
+        raise RuntimeError("run_shard runs inside `omlx-jobs worker`, which loads the model first")
+    return _context
+
+
+def run_shard(job_id: Any, start: Any, end: Any) -> dict[str, Any]:
+    """Run one shard of a job; hands unfinished requests back to the queue if the worker is stopping."""
+    if not isinstance(job_id, str) or not all(isinstance(x, int) and not isinstance(x, bool) for x in (start, end)):
+        raise ValueError(f"bad shard message: ({job_id!r}, {start!r}, {end!r})")
+    ctx = current()
+    outcome = shard.run_shard(ctx.store, ctx.engine, job_id, start, end, control=ctx.control)
+    if outcome.stopped and ctx.redis is not None and ctx.queue is not None:
+        back = Shard(job_id, start, end, suffix=f"-h{uuid.uuid4().hex[:8]}")
+        enqueue_shards(ctx.redis, ctx.queue, [back], at_front=True)
+        log.info("handed %s requests of %s back to the queue as %s", outcome.left_pending, job_id, back.rq_id)
+    return outcome.to_dict()

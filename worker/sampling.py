@@ -1,0 +1,72 @@
+"""Per-request samplers and logits processors, built from mlx-lm's sample_utils.
+
+Requests with equal parameters share one sampler object, so BatchGenerator samples them in one call.
+A seeded request gets its own sampler with its own random key, so its output does not depend on batching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.sample_utils import (
+    apply_min_p,
+    apply_top_k,
+    apply_top_p,
+    make_logits_processors,
+    make_sampler,
+)
+
+from omlx_jobs.jobs.formats import SamplingParams
+
+Sampler = Callable[[mx.array], mx.array]
+
+
+def _is_greedy(p: SamplingParams) -> bool:
+    return p.temperature == 0
+
+
+def _seeded_sampler(p: SamplingParams, choice: int) -> Sampler:
+    key = mx.random.key((p.seed or 0) + choice)
+    state = {"key": key}
+
+    def sampler(logprobs: mx.array) -> mx.array:
+        if 0 < p.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, p.top_p)
+        if p.min_p:
+            logprobs = apply_min_p(logprobs, p.min_p)
+        if p.top_k:
+            logprobs = apply_top_k(logprobs, p.top_k)
+        state["key"], sub = mx.random.split(state["key"])
+        return mx.random.categorical(logprobs * (1 / p.temperature), key=sub)
+
+    return sampler
+
+
+class SamplerFactory:
+    """Hands out samplers; unseeded requests with the same parameters get the same object."""
+
+    def __init__(self) -> None:
+        self._shared: dict[tuple[Any, ...], Sampler | None] = {}
+
+    def sampler(self, p: SamplingParams, choice: int = 0) -> Sampler | None:
+        """None means greedy (BatchGenerator's batched default). Choice i of a seeded request uses seed + i."""
+        if _is_greedy(p):
+            return None
+        if p.seed is not None:
+            return _seeded_sampler(p, choice)
+        key = (p.temperature, p.top_p, p.min_p, p.top_k)
+        if key not in self._shared:
+            self._shared[key] = make_sampler(temp=p.temperature, top_p=p.top_p, min_p=p.min_p, top_k=p.top_k)
+        return self._shared[key]
+
+    @staticmethod
+    def logits_processors(p: SamplingParams) -> list[Any]:
+        if p.repetition_penalty is None and p.presence_penalty is None and p.frequency_penalty is None:
+            return []
+        return make_logits_processors(
+            repetition_penalty=p.repetition_penalty,
+            presence_penalty=p.presence_penalty,
+            frequency_penalty=p.frequency_penalty,
+        )
