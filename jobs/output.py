@@ -8,18 +8,9 @@ from typing import Any
 
 from omlx_jobs.jobs.formats import CHAT_URL
 
-# Error codes from input validation or context checks: the request itself is wrong, retrying won't help.
-CLIENT_ERROR_CODES = frozenset(
-    {
-        "invalid_request",
-        "invalid_json",
-        "invalid_encoding",
-        "line_too_long",
-        "duplicate_custom_id",
-        "context_length_exceeded",
-        "invalid_prompt",
-    }
-)
+# Failures of ours (the engine, a lost worker): retrying can help. Every other code means the request itself
+# is wrong (input validation, a prompt over the context), reported as a 400 like OpenAI does.
+SERVER_ERROR_CODES = frozenset({"server_error", "engine_error", "too_many_attempts", "worker_lost", "timeout"})
 
 
 def _usage(row: Any) -> dict[str, Any]:
@@ -103,7 +94,7 @@ def output_line(row: Any, job_id: str, model: str) -> tuple[dict[str, Any], bool
             True,
         )
     code = row.error_code or "server_error"
-    client = code in CLIENT_ERROR_CODES
+    client = code not in SERVER_ERROR_CODES
     return (
         {
             "id": line_id,

@@ -92,7 +92,7 @@ def build_tiny_model(
         "vocab_size": real_vocab,
         "max_position_embeddings": context_length,
         "rope_theta": 10000.0,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": False,
         "eos_token_id": eos_id,
         "torch_dtype": "float32",
     }
@@ -100,8 +100,9 @@ def build_tiny_model(
 
     mx.random.seed(seed)
     model = qwen3.Model(qwen3.ModelArgs(**{k: v for k, v in config.items() if k in _ARG_KEYS}))
-    # Scale the embeddings up so the random model's logits are not flat and greedy picks are stable.
-    model.model.embed_tokens.weight = mx.random.normal(model.model.embed_tokens.weight.shape) * 0.5
+    # Logits with a std of about 2: greedy picks depend on the context and sampling is not near-uniform.
+    model.model.embed_tokens.weight = mx.random.normal(model.model.embed_tokens.weight.shape)
+    model.lm_head.weight = mx.random.normal(model.lm_head.weight.shape) * (2.0 / hidden_size**0.5)
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
     return path

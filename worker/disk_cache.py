@@ -41,14 +41,17 @@ class DiskCache:
     def __len__(self) -> int:
         return len(self._index)
 
-    def best_prefix(self, key: bytes, *, trimmable: bool) -> tuple[bytes, int] | None:
-        """The saved key sharing the longest prefix with `key` (whole saved prefixes only if not trimmable)."""
+    def best_prefix(self, key: bytes, *, trimmable: bool, min_tokens: int = 1) -> tuple[bytes, int] | None:
+        """The saved key sharing the longest prefix (at least `min_tokens`) with `key`.
+
+        Without trimmable caches only saved keys that are whole prefixes of `key` count.
+        """
         best: tuple[bytes, int] | None = None
         for saved in self._index:
             shared = common_prefix_tokens(saved, key)
             if not trimmable and shared != len(saved) // 4:
                 continue
-            if shared and (best is None or shared > best[1]):
+            if shared >= min_tokens and (best is None or shared > best[1]):
                 best = (saved, shared)
         return best
 

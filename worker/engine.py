@@ -384,7 +384,7 @@ class Engine:
         depth = len(key) // 4
         base = self.cache.lookup(key, limit=depth, count=False)
         if self.disk is not None:
-            found = self.disk.best_prefix(key, trimmable=self.trimmable)
+            found = self.disk.best_prefix(key, trimmable=self.trimmable, min_tokens=self.config.min_shared_tokens)
             if found is not None and (base is None or min(found[1], depth) > base.length):
                 loaded = self.disk.load(found[0])
                 if loaded is not None:

@@ -1,0 +1,75 @@
+"""The prefix planner on hand-made tries: order, warm-up points, trie minimum. Pure: no MLX."""
+
+from __future__ import annotations
+
+from omlx_jobs.worker.planner import WarmUp, common_prefix_tokens, key_tokens, plan, token_key
+
+
+def keys(*prompts: list[int]) -> list[bytes]:
+    return [token_key(p) for p in prompts]
+
+
+def test_token_key_round_trips_and_orders_like_tokens() -> None:
+    a, b = [1, 2, 300000], [1, 2, 4]
+    assert key_tokens(token_key(a)) == a
+    assert (token_key(a) < token_key(b)) == (a < b)
+    assert common_prefix_tokens(token_key([5, 6, 7, 8]), token_key([5, 6, 9])) == 2
+    assert common_prefix_tokens(token_key([5, 6]), token_key([5, 6, 9])) == 2
+    assert common_prefix_tokens(token_key([]), token_key([1])) == 0
+
+
+def test_order_is_depth_first_so_siblings_run_together() -> None:
+    sys_a = list(range(100, 120))
+    sys_b = list(range(200, 220))
+    prompts = [sys_a + [1], sys_b + [1], sys_a + [2], sys_b + [2], [7, 7, 7]]
+    p = plan(keys(*prompts), min_shared_tokens=4)
+    assert p.order == [4, 0, 2, 1, 3]
+    assert p.warmups == [WarmUp(depth=20, first=1, last=2), WarmUp(depth=20, first=3, last=4)]
+
+
+def test_trie_minimum_counts_distinct_tokens() -> None:
+    # Trie: [1,2,3] shared, then [4] / [5,6]; plus a disjoint [9]; a duplicate adds nothing.
+    prompts = [[1, 2, 3, 4], [1, 2, 3, 5, 6], [9], [1, 2, 3, 4]]
+    p = plan(keys(*prompts), min_shared_tokens=1)
+    assert p.trie_min_tokens == 3 + 1 + 2 + 1
+    assert p.prompt_tokens == 4 + 5 + 1 + 4
+
+
+def test_nested_warmups_parent_before_child() -> None:
+    base = list(range(50, 70))  # 20 shared tokens
+    prompts = [base + [1, 1, 1, 1, 1, 9], base + [1, 1, 1, 1, 1, 8], base + [2]]
+    p = plan(keys(*prompts), min_shared_tokens=16)
+    # Sorted: base+[1..,8], base+[1..,9], base+[2]; nodes: depth 20 over all three, depth 25 over the first two.
+    assert p.order == [1, 0, 2]
+    assert p.warmups == [WarmUp(depth=20, first=0, last=2), WarmUp(depth=25, first=0, last=1)]
+
+
+def test_short_shared_prefixes_are_not_warmed() -> None:
+    p = plan(keys([1, 2, 3, 4], [1, 2, 3, 5]), min_shared_tokens=4)
+    assert p.warmups == []
+    p = plan(keys([1, 2, 3, 4], [1, 2, 3, 5]), min_shared_tokens=3)
+    assert p.warmups == [WarmUp(depth=3, first=0, last=1)]
+
+
+def test_identical_prompts_share_the_whole_prompt() -> None:
+    # n > 1 expands to identical keys; they form one node as deep as the prompt.
+    prompt = list(range(10, 40))
+    p = plan(keys(prompt, prompt, prompt, prompt), min_shared_tokens=16)
+    assert p.warmups == [WarmUp(depth=30, first=0, last=3)]
+    assert p.trie_min_tokens == 30
+
+
+def test_a_prompt_that_prefixes_another_is_a_node() -> None:
+    turn1 = list(range(100, 130))
+    turn2 = turn1 + list(range(300, 320))
+    turn3 = turn2 + list(range(400, 410))
+    p = plan(keys(turn3, turn1, turn2), min_shared_tokens=16)
+    assert p.order == [1, 2, 0]
+    assert p.warmups == [WarmUp(depth=30, first=0, last=2), WarmUp(depth=50, first=1, last=2)]
+    assert p.trie_min_tokens == 60
+
+
+def test_empty_and_single() -> None:
+    assert plan([], 4).order == []
+    p = plan(keys([1, 2, 3]), 1)
+    assert p.order == [0] and p.warmups == [] and p.trie_min_tokens == 3
