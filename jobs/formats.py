@@ -1,65 +1,70 @@
 """Input lines: OpenAI batch lines and the shorthand, parsed and validated as a stream.
 
-Pure logic: no Redis, SQL or MLX. Every error names the line, the field and what to do.
+Pure logic: no Redis, SQL or MLX. Every error names the line, the field, a typed code and what to do.
+Parameters live in params.py, errors in errors.py, line reading in lines.py; their public names are
+re-exported here.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from omlx_jobs.jobs.errors import (
+    INPUT_ERROR_CODES,
+    BadValue,
+    InputError,
+    InvalidLine,
+    check_text,
+    describe,
+    did_you_mean,
+    shown,
+)
+from omlx_jobs.jobs.lines import MAX_LINE_BYTES, iter_lines
+from omlx_jobs.jobs.params import (
+    DEFAULT_MAX_TOKENS,
+    MAX_N,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_TOKENS_LIMIT,
+    PASSTHROUGH_KEYS,
+    SUPPORTED_PARAMS,
+    SamplingParams,
+    validate_params,
+)
+
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 ENDPOINTS = (CHAT_URL, COMPLETIONS_URL)
-
-MAX_LINE_BYTES = 1024 * 1024
 MAX_CUSTOM_ID_CHARS = 512
-MAX_STOP_STRINGS = 4
-MAX_STOP_CHARS = 256
-MAX_TOKENS_LIMIT = 131072
-MAX_N = 64
-DEFAULT_MAX_TOKENS = 256
-
+MAX_INT_DIGITS = 40  # far beyond any 64-bit value; also keeps Python's int() digit limit out of reach
 ROLES = ("system", "developer", "user", "assistant")
-# Accepted for compatibility with OpenAI files; the job's --model decides which model runs.
-PASSTHROUGH_KEYS = ("model",)
+BATCH_KEYS = ("custom_id", "method", "url", "body")
 
-
-@dataclass(frozen=True)
-class InputError:
-    """One bad line: where, which field, what is wrong and what to do."""
-
-    line: int
-    message: str
-    field: str | None = None
-    custom_id: str | None = None
-    code: str = "invalid_request"
-
-    def __str__(self) -> str:
-        where = f"line {self.line}"
-        if self.custom_id is not None:
-            where += f" (custom_id {self.custom_id!r})"
-        if self.field:
-            where += f", field {self.field!r}"
-        return f"{where}: {self.message}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "line": self.line,
-            "field": self.field,
-            "custom_id": self.custom_id,
-            "code": self.code,
-            "message": self.message,
-        }
-
-
-class InvalidLine(ValueError):
-    def __init__(self, error: InputError) -> None:
-        super().__init__(str(error))
-        self.error = error
+__all__ = [
+    "CHAT_URL",
+    "COMPLETIONS_URL",
+    "DEFAULT_MAX_TOKENS",
+    "ENDPOINTS",
+    "INPUT_ERROR_CODES",
+    "MAX_CUSTOM_ID_CHARS",
+    "MAX_LINE_BYTES",
+    "MAX_N",
+    "MAX_STOP_CHARS",
+    "MAX_STOP_STRINGS",
+    "MAX_TOKENS_LIMIT",
+    "PASSTHROUGH_KEYS",
+    "SUPPORTED_PARAMS",
+    "InputError",
+    "InvalidLine",
+    "ParsedRequest",
+    "SamplingParams",
+    "iter_lines",
+    "parse_line",
+    "parse_stream",
+]
 
 
 @dataclass(frozen=True)
@@ -72,181 +77,76 @@ class ParsedRequest:
     body: dict[str, Any] = field(hash=False)
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """Generation parameters of one request, with defaults filled in."""
-
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    n: int = 1
-
-    @classmethod
-    def from_body(cls, body: dict[str, Any]) -> SamplingParams:
-        """Build from a normalized body (as `parse_line` stores it)."""
-        stop = body.get("stop")
-        return cls(
-            max_tokens=int(body.get("max_tokens") or DEFAULT_MAX_TOKENS),
-            temperature=float(body["temperature"]) if body.get("temperature") is not None else 1.0,
-            top_p=float(body["top_p"]) if body.get("top_p") is not None else 1.0,
-            top_k=int(body.get("top_k") or 0),
-            min_p=float(body.get("min_p") or 0.0),
-            stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
-            seed=body.get("seed"),
-            repetition_penalty=body.get("repetition_penalty"),
-            presence_penalty=body.get("presence_penalty"),
-            frequency_penalty=body.get("frequency_penalty"),
-            n=int(body.get("n") or 1),
-        )
-
-
-# ---- parameters -----------------------------------------------------------------------------------
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _check_int(name: str, value: Any, lo: int, hi: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _Bad(name, f"must be an integer, got {_describe(value)}")
-    if not lo <= value <= hi:
-        raise _Bad(name, f"must be between {lo} and {hi}, got {value}")
-    return value
-
-
-def _check_float(name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False) -> float:
-    if not _number(value):
-        raise _Bad(name, f"must be a number, got {_describe(value)}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise _Bad(name, "must be a finite number")
-    if value < lo or value > hi or (lo_open and value == lo):
-        interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
-        raise _Bad(name, f"must be in {interval}, got {value:g}")
-    return value
-
-
-def _check_stop(value: Any) -> list[str]:
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list):
-        raise _Bad("stop", f"must be a string or a list of strings, got {_describe(value)}")
-    if len(stops) > MAX_STOP_STRINGS:
-        raise _Bad("stop", f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}")
-    for s in stops:
-        if not isinstance(s, str):
-            raise _Bad("stop", f"each stop sequence must be a string, got {_describe(s)}")
-        if not s:
-            raise _Bad("stop", "stop strings must not be empty")
-        if len(s) > MAX_STOP_CHARS:
-            raise _Bad("stop", f"stop strings are limited to {MAX_STOP_CHARS} characters")
-    return stops
-
-
-_PARAM_CHECKS: dict[str, Any] = {
-    "max_tokens": lambda v: _check_int("max_tokens", v, 1, MAX_TOKENS_LIMIT),
-    "max_completion_tokens": lambda v: _check_int("max_completion_tokens", v, 1, MAX_TOKENS_LIMIT),
-    "temperature": lambda v: _check_float("temperature", v, 0.0, 2.0),
-    "top_p": lambda v: _check_float("top_p", v, 0.0, 1.0, lo_open=True),
-    "top_k": lambda v: _check_int("top_k", v, 0, 1_000_000),
-    "min_p": lambda v: _check_float("min_p", v, 0.0, 1.0),
-    "stop": _check_stop,
-    "seed": lambda v: _check_int("seed", v, -(2**63), 2**63 - 1),
-    "repetition_penalty": lambda v: _check_float("repetition_penalty", v, 0.0, 10.0, lo_open=True),
-    "presence_penalty": lambda v: _check_float("presence_penalty", v, -2.0, 2.0),
-    "frequency_penalty": lambda v: _check_float("frequency_penalty", v, -2.0, 2.0),
-    "n": lambda v: _check_int("n", v, 1, MAX_N),
-}
-SUPPORTED_PARAMS = tuple(_PARAM_CHECKS)
-
-
-def _params(source: dict[str, Any], where: str) -> dict[str, Any]:
-    """Validate the generation parameters among `source`'s keys; returns the normalized ones."""
-    out: dict[str, Any] = {}
-    for key, value in source.items():
-        if key in ("messages", "prompt") or key in PASSTHROUGH_KEYS:
-            continue
-        if key == "stream":
-            if value not in (False, None):
-                raise _Bad(f"{where}stream", "streaming is not available in a batch; remove it or set false")
-            continue
-        check = _PARAM_CHECKS.get(key)
-        if check is None:
-            raise _Bad(
-                f"{where}{key}",
-                f"unsupported parameter {key!r}; supported: {', '.join(SUPPORTED_PARAMS)}",
-            )
-        if value is None:
-            continue
-        out[key] = check(value)
-    if "max_completion_tokens" in out:
-        mct = out.pop("max_completion_tokens")
-        if "max_tokens" in out and out["max_tokens"] != mct:
-            raise _Bad(f"{where}max_tokens", "max_tokens and max_completion_tokens disagree; give one")
-        out["max_tokens"] = mct
-    if "stop" in out:
-        out["stop"] = list(out["stop"])
-    return out
-
-
 # ---- messages and prompts ---------------------------------------------------------------------------
 
 
 def _messages(value: Any, where: str) -> list[dict[str, str]]:
     name = f"{where}messages"
     if not isinstance(value, list):
-        raise _Bad(name, f"must be a list of messages, got {_describe(value)}")
+        raise BadValue("invalid_type", name, f"must be a list of messages, got {describe(value)}")
     if not value:
-        raise _Bad(name, "must not be empty: give at least one message")
+        raise BadValue("empty_value", name, 'must not be empty: give at least one message, e.g. {"role": "user", ...}')
     out = []
     for i, msg in enumerate(value):
         here = f"{name}[{i}]"
         if not isinstance(msg, dict):
-            raise _Bad(here, f"must be an object with role and content, got {_describe(msg)}")
-        extra = set(msg) - {"role", "content"}
+            raise BadValue("invalid_type", here, f"must be an object with role and content, got {describe(msg)}")
+        extra = sorted(set(msg) - {"role", "content"})
         if extra:
-            raise _Bad(f"{here}.{sorted(extra)[0]}", "unsupported message field; messages take role and content")
+            raise BadValue(
+                "unknown_field",
+                f"{here}.{extra[0]}",
+                "unsupported message field; a message takes role and content only",
+            )
         role = msg.get("role")
         if role is None:
-            raise _Bad(f"{here}.role", "is missing")
-        if role not in ROLES:
-            raise _Bad(f"{here}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
-        if "content" not in msg or msg["content"] is None:
-            raise _Bad(f"{here}.content", "is missing")
+            raise BadValue("missing_field", f"{here}.role", f"is missing; use one of {', '.join(ROLES)}")
+        if not isinstance(role, str) or role not in ROLES:
+            hint = "; tool and function calls are not supported" if role in ("tool", "function") else ""
+            raise BadValue(
+                "invalid_role", f"{here}.role", f"must be one of {', '.join(ROLES)}, got {describe(role)}{hint}"
+            )
+        if msg.get("content") is None:
+            raise BadValue("missing_field", f"{here}.content", "is missing or null; give the message text")
         content = _content(msg["content"], f"{here}.content")
         if not content and role != "assistant":
-            raise _Bad(f"{here}.content", "must not be empty")
+            raise BadValue(
+                "empty_value", f"{here}.content", "must not be empty; give the message text or drop the message"
+            )
         out.append({"role": role, "content": content})
     return out
 
 
 def _content(value: Any, name: str) -> str:
     if isinstance(value, str):
-        return value
+        return check_text(value, name)
     if not isinstance(value, list):
-        raise _Bad(name, f"must be a string or a list of content parts, got {_describe(value)}")
+        raise BadValue("invalid_type", name, f"must be a string or a list of content parts, got {describe(value)}")
     texts = []
     for j, part in enumerate(value):
         here = f"{name}[{j}]"
         if not isinstance(part, dict):
-            raise _Bad(here, f"must be a content part object, got {_describe(part)}")
+            raise BadValue(
+                "invalid_type",
+                here,
+                f'must be a content part object like {{"type": "text", ...}}, got {describe(part)}',
+            )
         kind = part.get("type")
         if kind == "text":
             text = part.get("text")
             if not isinstance(text, str):
-                raise _Bad(f"{here}.text", f"must be a string, got {_describe(text)}")
-            texts.append(text)
-        elif kind in ("image_url", "input_image", "image"):
-            raise _Bad(here, "image content parts are not supported yet; send text parts only")
+                raise BadValue("invalid_type", f"{here}.text", f"must be a string, got {describe(text)}")
+            texts.append(check_text(text, f"{here}.text"))
+        elif kind is None:
+            raise BadValue(
+                "missing_field", f"{here}.type", 'is missing; text parts are {"type": "text", "text": "..."}'
+            )
         else:
-            raise _Bad(f"{here}.type", f"unsupported content part type {kind!r}; use 'text'")
+            raise BadValue(
+                "unsupported_content",
+                f"{here}.type",
+                f"content part type {kind!r} is not supported (images, audio and files are not); send text parts only",
+            )
     return "".join(texts)
 
 
@@ -254,73 +154,72 @@ def _prompt(value: Any, where: str) -> str | list[int]:
     name = f"{where}prompt"
     if isinstance(value, str):
         if not value:
-            raise _Bad(name, "must not be empty")
-        return value
-    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-        if any(t < 0 for t in value):
-            raise _Bad(name, "token ids must be non-negative")
-        return list(value)
-    if isinstance(value, list) and not value:
-        raise _Bad(name, "must not be empty")
-    if isinstance(value, list):
-        raise _Bad(name, "must be a string or a list of token ids; put one prompt on each line")
-    raise _Bad(name, f"must be a string, got {_describe(value)}")
+            raise BadValue("empty_value", name, "must not be empty; give the prompt text")
+        return check_text(value, name)
+    if not isinstance(value, list):
+        raise BadValue("invalid_type", name, f"must be a string or a list of token ids, got {describe(value)}")
+    if not value:
+        raise BadValue("empty_value", name, "must not be empty; give the prompt text")
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise BadValue(
+            "invalid_type",
+            name,
+            "must be a string or a list of integer token ids; for several prompts, put each on its own line",
+        )
+    if any(t < 0 for t in value):
+        raise BadValue("out_of_range", name, "token ids must be non-negative")
+    return list(value)
 
 
 # ---- lines --------------------------------------------------------------------------------------------
 
 
-class _Bad(Exception):
-    def __init__(self, field: str | None, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.message = message
-
-
 def _no_constants(name: str) -> Any:
-    raise _Bad(None, f"invalid JSON: {name} is not a number JSON allows")
+    raise BadValue("invalid_json", None, f"invalid JSON: {name} is not allowed in JSON; use a finite number or null")
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise BadValue("out_of_range", None, f"a {len(digits)}-digit integer is far too large; use a 64-bit value")
+    return int(digits)
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
-            raise _Bad(k, "appears twice in the same object")
+            raise BadValue("duplicate_key", k, "appears twice in the same object; keep one")
         out[k] = v
     return out
 
 
-def _describe(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
+def _decode(text: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_no_constants, parse_int=_bounded_int, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as exc:
+        if "\x00" in text:
+            hint = "the line holds NUL bytes: is the file UTF-16? Save it as UTF-8"
+        elif exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string"):
+            hint = "the line ends before the JSON does; each request must be one whole JSON object on one line"
+        else:
+            hint = "each line must be one JSON object"
+        raise BadValue(
+            "invalid_json", None, f"invalid JSON at column {exc.colno}: {exc.msg.removesuffix(' starting at')}; {hint}"
+        ) from None
+    except RecursionError:
+        raise BadValue(
+            "invalid_json", None, "invalid JSON: nested too deeply; a request needs only a few levels"
+        ) from None
 
 
 def parse_line(text: str, line: int) -> ParsedRequest:
-    """Parse and validate one line. Raises InvalidLine with the line number, field and message."""
+    """Parse and validate one line. Raises InvalidLine with the line number, field, code and message."""
     custom_id: str | None = None
     try:
-        try:
-            obj = json.loads(text, parse_constant=_no_constants, object_pairs_hook=_unique_keys)
-        except json.JSONDecodeError as exc:
-            raise _Bad(None, f"invalid JSON: {exc.msg} at column {exc.colno}") from None
-        except RecursionError:
-            raise _Bad(None, "invalid JSON: nested too deeply") from None
+        obj = _decode(text)
         if not isinstance(obj, dict):
-            raise _Bad(None, f"each line must be a JSON object, got {_describe(obj)}")
-        if "custom_id" in obj and isinstance(obj["custom_id"], str):
+            raise BadValue("invalid_type", None, f"each line must be a JSON object {{...}}, got {describe(obj)}")
+        if isinstance(obj.get("custom_id"), str):
             custom_id = obj["custom_id"]
         if any(k in obj for k in ("body", "url", "method")):
             endpoint, body = _openai_line(obj)
@@ -329,53 +228,71 @@ def parse_line(text: str, line: int) -> ParsedRequest:
             endpoint, body = _shorthand_line(obj)
             custom_id = obj.get("custom_id", str(line))
         return ParsedRequest(line=line, custom_id=custom_id, endpoint=endpoint, body=body)
-    except _Bad as bad:
-        raise InvalidLine(InputError(line, bad.message, bad.field, custom_id)) from None
+    except BadValue as bad:
+        raise InvalidLine(InputError(line, bad.message, bad.field, custom_id, bad.code)) from None
 
 
 def _check_custom_id(obj: dict[str, Any], required: bool) -> None:
     if "custom_id" not in obj:
         if required:
-            raise _Bad("custom_id", "is missing; every OpenAI batch line needs a unique custom_id")
+            raise BadValue("missing_field", "custom_id", "is missing; every OpenAI batch line needs a unique custom_id")
         return
     cid = obj["custom_id"]
     if not isinstance(cid, str):
-        raise _Bad("custom_id", f"must be a string, got {_describe(cid)}")
+        raise BadValue("invalid_type", "custom_id", f'must be a string, got {describe(cid)}; quote it, e.g. "req-1"')
     if not cid:
-        raise _Bad("custom_id", "must not be empty")
+        raise BadValue("empty_value", "custom_id", "must not be empty; give each line a unique id")
     if len(cid) > MAX_CUSTOM_ID_CHARS:
-        raise _Bad("custom_id", f"is {len(cid)} characters; the limit is {MAX_CUSTOM_ID_CHARS}")
+        raise BadValue(
+            "too_long", "custom_id", f"is {len(cid)} characters; the limit is {MAX_CUSTOM_ID_CHARS}, shorten it"
+        )
+    check_text(cid, "custom_id")
+    if any(ord(c) < 32 or ord(c) == 127 for c in cid):
+        raise BadValue(
+            "invalid_value", "custom_id", "must not hold control characters (newlines, tabs, NUL); remove them"
+        )
 
 
 def _openai_line(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    extra = set(obj) - {"custom_id", "method", "url", "body"}
+    extra = sorted(set(obj) - set(BATCH_KEYS))
     if extra:
-        raise _Bad(sorted(extra)[0], "unknown top-level field; a batch line has custom_id, method, url, body")
+        raise BadValue(
+            "unknown_field",
+            extra[0],
+            f"unknown top-level field{did_you_mean(extra[0], BATCH_KEYS)}; a batch line has custom_id, method, url "
+            "and body. Put request parameters inside body",
+        )
     _check_custom_id(obj, required=True)
     method = obj.get("method")
     if method is None:
-        raise _Bad("method", 'is missing; use "POST"')
+        raise BadValue("missing_field", "method", 'is missing; use "POST"')
     if method != "POST":
-        raise _Bad("method", f'must be "POST", got {method!r}')
+        raise BadValue("unsupported_method", "method", f'must be "POST", got {shown(method)}')
     url = obj.get("url")
     if url is None:
-        raise _Bad("url", f"is missing; use {CHAT_URL} or {COMPLETIONS_URL}")
+        raise BadValue("missing_field", "url", f"is missing; use {CHAT_URL} or {COMPLETIONS_URL}")
     if url not in ENDPOINTS:
-        raise _Bad("url", f"unsupported url {url!r}; use {CHAT_URL} or {COMPLETIONS_URL}")
+        raise BadValue("unsupported_url", "url", f"unsupported url {shown(url)}; use {CHAT_URL} or {COMPLETIONS_URL}")
     body = obj.get("body")
+    if body is None:
+        raise BadValue("missing_field", "body", 'is missing; give the request as an object, e.g. {"messages": [...]}')
     if not isinstance(body, dict):
-        raise _Bad("body", f"must be an object, got {_describe(body)}")
+        raise BadValue("invalid_type", "body", f"must be an object, got {describe(body)}")
     if url == CHAT_URL:
         if "prompt" in body:
-            raise _Bad("body.prompt", f"{CHAT_URL} takes messages; use {COMPLETIONS_URL} for a prompt")
+            raise BadValue(
+                "endpoint_mismatch", "body.prompt", f"{CHAT_URL} takes messages; use {COMPLETIONS_URL} for a prompt"
+            )
         if "messages" not in body:
-            raise _Bad("body.messages", "is missing")
-        return url, {"messages": _messages(body["messages"], "body."), **_params(body, "body.")}
+            raise BadValue("missing_field", "body.messages", f"is missing; {CHAT_URL} needs a list of messages")
+        return url, {"messages": _messages(body["messages"], "body."), **validate_params(body, "body.")}
     if "messages" in body:
-        raise _Bad("body.messages", f"{COMPLETIONS_URL} takes a prompt; use {CHAT_URL} for messages")
+        raise BadValue(
+            "endpoint_mismatch", "body.messages", f"{COMPLETIONS_URL} takes a prompt; use {CHAT_URL} for messages"
+        )
     if "prompt" not in body:
-        raise _Bad("body.prompt", "is missing")
-    return url, {"prompt": _prompt(body["prompt"], "body."), **_params(body, "body.")}
+        raise BadValue("missing_field", "body.prompt", f"is missing; {COMPLETIONS_URL} needs a prompt")
+    return url, {"prompt": _prompt(body["prompt"], "body."), **validate_params(body, "body.")}
 
 
 def _shorthand_line(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -383,76 +300,23 @@ def _shorthand_line(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     rest = {k: v for k, v in obj.items() if k != "custom_id"}
     has_messages, has_prompt = "messages" in rest, "prompt" in rest
     if has_messages and has_prompt:
-        raise _Bad("prompt", "give either prompt or messages, not both")
+        raise BadValue("conflicting_fields", "prompt", "give either prompt or messages, not both")
     if has_messages:
-        return CHAT_URL, {"messages": _messages(rest["messages"], ""), **_params(rest, "")}
+        return CHAT_URL, {"messages": _messages(rest["messages"], ""), **validate_params(rest, "")}
     if has_prompt:
-        return COMPLETIONS_URL, {"prompt": _prompt(rest["prompt"], ""), **_params(rest, "")}
-    raise _Bad(
+        return COMPLETIONS_URL, {"prompt": _prompt(rest["prompt"], ""), **validate_params(rest, "")}
+    raise BadValue(
+        "missing_field",
         None,
-        'a line needs "prompt" or "messages" (shorthand) or custom_id/method/url/body (OpenAI batch format)',
+        'a line needs "prompt" or "messages" (shorthand), or custom_id, method, url and body (OpenAI batch format)',
     )
 
 
-# ---- files ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ReadStats:
-    lines: int = 0
-    valid: int = 0
-    invalid: int = 0
-
-
-def iter_lines(stream: IO[bytes], max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, str | InputError]]:
-    """Yield (line number, text or InputError) for each non-blank line, reading the file as a stream.
-
-    Handles a UTF-8 BOM and CRLF endings. An over-long line is skipped in chunks, never held whole.
-    """
-    line_no = 0
-    while True:
-        raw = stream.readline(max_line_bytes + 1)
-        if not raw:
-            return
-        line_no += 1
-        if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-            size = len(raw)
-            while True:
-                more = stream.readline(1024 * 1024)
-                size += len(more)
-                if not more or more.endswith(b"\n"):
-                    break
-            yield (
-                line_no,
-                InputError(
-                    line_no,
-                    f"line is {size / 1e6:.1f} MB; the limit is {max_line_bytes / 1e6:.1f} MB per line",
-                    code="line_too_long",
-                ),
-            )
-            continue
-        if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
-            raw = raw[3:]
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            yield (
-                line_no,
-                InputError(
-                    line_no,
-                    f"not valid UTF-8 (byte {exc.start}); save the file as UTF-8",
-                    code="invalid_encoding",
-                ),
-            )
-            continue
-        text = text.rstrip("\r\n")
-        if not text.strip():
-            continue
-        yield line_no, text
-
-
 def parse_stream(stream: IO[bytes]) -> Iterator[ParsedRequest | InputError]:
-    """Parse a whole JSONL stream: valid requests and errors, in file order, with duplicate custom_ids caught."""
+    """Parse a whole JSONL stream: valid requests and errors, in file order, with duplicate custom_ids caught.
+
+    A custom_id counts as taken even on a line that is otherwise invalid, so the output never holds it twice.
+    """
     seen: dict[str, int] = {}
     for line_no, item in iter_lines(stream):
         if isinstance(item, InputError):
@@ -461,13 +325,17 @@ def parse_stream(stream: IO[bytes]) -> Iterator[ParsedRequest | InputError]:
         try:
             req = parse_line(item, line_no)
         except InvalidLine as bad:
+            if bad.error.custom_id is not None:
+                seen.setdefault(bad.error.custom_id, line_no)
             yield bad.error
             continue
         first = seen.get(req.custom_id)
         if first is not None:
+            implicit = req.custom_id in (str(first), str(line_no))
+            hint = " (a shorthand line without custom_id takes its line number)" if implicit else ""
             yield InputError(
                 line_no,
-                f"duplicate custom_id; line {first} already uses it. custom_ids must be unique in a file",
+                f"duplicate custom_id: line {first} already uses it{hint}; custom_ids must be unique, rename one",
                 field="custom_id",
                 custom_id=req.custom_id,
                 code="duplicate_custom_id",
