@@ -43,6 +43,8 @@ class EngineConfig:
     cache_memory: int | None = DEFAULT_CACHE_MEMORY
     cache_dir: str | None = None
     cache_dir_bytes: int = 10 * 1024**3
+    ignore_eos: bool = False
+    """Generate max_tokens every time (for benchmarks)."""
 
     def __post_init__(self) -> None:
         if self.completion_batch_size < 1 or self.prefill_batch_size < 1 or self.prefill_step_size < 1:
@@ -92,6 +94,9 @@ class RunStats:
     first_token_reuses: int = 0
     disk_hits: int = 0
     generation_tokens: int = 0
+    prefill_seconds: float = 0.0
+    """Time in BatchGenerator's prompt processing (uncached suffixes, including merging cached prefixes)."""
+    decode_seconds: float = 0.0
     seconds: float = 0.0
     unfinished: list[Any] = field(default_factory=list)
     cache_hits_before: int = 0
@@ -141,7 +146,7 @@ class Engine:
             else None
         )
         self.samplers = SamplerFactory()
-        self.eos = sorted(self.tokenizer.eos_token_ids)
+        self.eos = [] if self.config.ignore_eos else sorted(self.tokenizer.eos_token_ids)
 
     @property
     def prefix_enabled(self) -> bool:
@@ -252,6 +257,8 @@ class Engine:
         finally:
             if active:
                 gen.remove(list(active))
+            stats.prefill_seconds = gen._counters.prompt_time
+            stats.decode_seconds = gen._counters.decode_time
             gen.close()
             for entry, _ in pinned:
                 self.cache.unpin(entry)
@@ -402,9 +409,14 @@ class Engine:
         step = self.config.prefill_step_size
         logits = None
         with mx.stream(gen.stream):
-            for s in range(0, len(tokens), step):
-                out = self.model(mx.array(tokens[s : s + step])[None], cache=caches)
-                logits = out[:, -1, :]
+            # All but the last token through the transformer body only: projecting every position onto the
+            # vocabulary is wasted work (a large share of it for big vocabularies); the last gives the logits.
+            body = self._body()
+            for s in range(0, len(tokens) - 1, step):
+                body(mx.array(tokens[s : min(s + step, len(tokens) - 1)])[None], cache=caches)
+                mx.eval([c.state for c in caches])
+            if tokens:
+                logits = self.model(mx.array(tokens[-1:])[None], cache=caches)[:, -1, :]
                 mx.eval([c.state for c in caches], logits)
             caches = [_compact(c) for c in caches]
             mx.eval([c.state for c in caches])
@@ -416,6 +428,11 @@ class Engine:
         if self.disk is not None:
             self.disk.save(key, caches)
         return entry
+
+    def _body(self) -> Callable[..., Any]:
+        """The model without its output projection, when it has the usual `.model` body; else the whole model."""
+        inner = getattr(self.model, "model", None)
+        return inner if callable(inner) else self.model
 
     def _extendable(self, entry: Entry, length: int) -> list[Any]:
         """A copy of `entry`'s first `length` tokens that the model may extend without touching the entry."""
