@@ -7,17 +7,33 @@ from pathlib import Path
 from typing import Any
 
 QWEN3_SHAPES: dict[str, dict[str, Any]] = {
-    "qwen3-0.6b": dict(hidden_size=1024, num_hidden_layers=28, intermediate_size=3072, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
-    "qwen3-8b": dict(hidden_size=4096, num_hidden_layers=36, intermediate_size=12288, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False),
+    "qwen3-0.6b": dict(
+        hidden_size=1024,
+        num_hidden_layers=28,
+        intermediate_size=3072,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-8b": dict(
+        hidden_size=4096,
+        num_hidden_layers=36,
+        intermediate_size=12288,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+    ),
 }
 
 
 class IdsTokenizer:
     """Enough of a tokenizer for token-id prompts: no EOS, no chat template, ids decoded as numbers."""
 
-    eos_token_ids: set[int] = set()
+    eos_token_ids: frozenset[int] = frozenset()
     bos_token = None
     chat_template = None
 
@@ -32,8 +48,13 @@ def random_qwen3(shape: str, dtype: str | None = None) -> Any:
 
     from omlx_jobs.worker.model import LoadedModel
 
-    config = dict(model_type="qwen3", rms_norm_eps=1e-6, max_position_embeddings=40960, rope_theta=1000000.0,
-                  **QWEN3_SHAPES[shape])
+    config = dict(
+        model_type="qwen3",
+        rms_norm_eps=1e-6,
+        max_position_embeddings=40960,
+        rope_theta=1000000.0,
+        **QWEN3_SHAPES[shape],
+    )
     model = qwen3.Model(qwen3.ModelArgs(**config))
     dt = getattr(mx, dtype or "bfloat16")
     mx.random.seed(0)
@@ -43,8 +64,15 @@ def random_qwen3(shape: str, dtype: str | None = None) -> Any:
     ]
     model.update(tree_unflatten(params))
     mx.eval(model.parameters())
-    return LoadedModel(ref=f"random:{shape}", path=Path("."), model=model, tokenizer=IdsTokenizer(),
-                       config=config, identity=f"random-{shape}-{dtype}", context_length=40960)
+    return LoadedModel(
+        ref=f"random:{shape}",
+        path=Path("."),
+        model=model,
+        tokenizer=IdsTokenizer(),
+        config=config,
+        identity=f"random-{shape}-{dtype}",
+        context_length=40960,
+    )
 
 
 def load_bench_model(spec: str, dtype: str | None = None) -> Any:

@@ -34,8 +34,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import omlx_jobs.worker  # noqa: E402,F401  (fast BLAS before mlx)
-from bench.models import load_bench_model  # noqa: E402
+import omlx_jobs.worker  # fast BLAS before mlx
+from bench.models import load_bench_model
 
 
 @dataclass
@@ -140,8 +140,18 @@ def run_ours(loaded: Any, w: Workload, label: str, config: Any, workdir: Path) -
     if not src.exists():
         with src.open("w") as f:
             for i, p in enumerate(w.prompts):
-                f.write(json.dumps({"custom_id": f"{w.name}{i}", "prompt": p, "max_tokens": w.max_tokens,
-                                    "temperature": 0, "n": w.n}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "custom_id": f"{w.name}{i}",
+                            "prompt": p,
+                            "max_tokens": w.max_tokens,
+                            "temperature": 0,
+                            "n": w.n,
+                        }
+                    )
+                    + "\n"
+                )
     store = open_store(url=f"sqlite:///{workdir / f'{w.name}-{label}.db'}")
     engine = Engine(loaded, config)
     mx.synchronize()
@@ -236,8 +246,10 @@ def main() -> None:
 
     t = time.perf_counter()
     loaded = load_bench_model(args.model, dtype=args.dtype)
-    print(f"model {args.model} loaded in {time.perf_counter() - t:.1f}s; device {mx.default_device()}; "
-          f"{platform.machine()} {platform.system()}; BLAS {omlx_jobs.worker.blas.loaded}")
+    print(
+        f"model {args.model} loaded in {time.perf_counter() - t:.1f}s; device {mx.default_device()}; "
+        f"{platform.machine()} {platform.system()}; BLAS {omlx_jobs.worker.blas.loaded}"
+    )
     vocab = (100, max(200, min(loaded.vocab_size - 100, 30000)))
     workloads = make_workloads(vocab, scale)
     results = []
@@ -250,9 +262,19 @@ def main() -> None:
             w = workloads[name]
             results.append(report(w, bench_workload(loaded, w, args, workdir)))
     if args.json:
-        args.json.write_text(json.dumps({"model": args.model, "scale": scale, "device": str(mx.default_device()),
-                                         "date": time.strftime("%Y-%m-%d"), "argv": sys.argv,
-                                         "results": results}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "model": args.model,
+                    "scale": scale,
+                    "device": str(mx.default_device()),
+                    "date": time.strftime("%Y-%m-%d"),
+                    "argv": sys.argv,
+                    "results": results,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":
