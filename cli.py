@@ -409,6 +409,13 @@ def resume(job_id: str, db: str | None, redis_url: str | None) -> None:
     help="On SIGTERM/Ctrl-C, seconds in-flight requests get to finish before the rest go back.",
 )
 @click.option("--name", help="Worker name (default: RQ's).")
+@click.option(
+    "--heartbeat-ttl",
+    default=45,
+    show_default=True,
+    help="Seconds a running shard stays claimed without a heartbeat. A killed worker's shard runs again "
+    "within about TTL + min(TTL, 30) seconds, on any idle worker.",
+)
 @db_option
 @redis_option
 def worker(
@@ -416,12 +423,13 @@ def worker(
     burst: bool,
     drain_timeout: float,
     name: str | None,
+    heartbeat_ttl: int,
     db: str | None,
     redis_url: str | None,
     **kw: Any,
 ) -> None:
     """Serve jobs for one model: load it once, drain shards with continuous batching and prefix reuse."""
-    from omlx_jobs.jobs.queue import RedisUnavailable, get_queue, queue_name
+    from omlx_jobs.jobs.queue import RedisUnavailable, queue_name
     from omlx_jobs.store import StoreError
 
     try:
@@ -432,7 +440,7 @@ def worker(
         return
     from omlx_jobs.worker import entry
     from omlx_jobs.worker.model import ModelLoadError
-    from omlx_jobs.worker.rq_worker import OmlxWorker
+    from omlx_jobs.worker.rq_worker import serve
 
     try:
         engine = _engine(kw)
@@ -442,9 +450,11 @@ def worker(
     qname = queue or queue_name(kw["model"])
     ctx = entry.WorkerContext(store=store, engine=engine, redis=redis, queue=qname, drain_timeout=drain_timeout)
     entry.install(ctx)
-    w = OmlxWorker([get_queue(redis, qname)], connection=redis, context=ctx, name=name)
     click.echo(f"worker ready on {qname} (model {kw['model']})", err=True)
-    w.work(burst=burst, logging_level="WARNING")
+    code = serve(ctx, qname, burst=burst, heartbeat_ttl=heartbeat_ttl, name=name)
+    if ctx.fatal:
+        click.echo(f"error: the store failed, so this worker stopped taking work: {ctx.fatal}", err=True)
+    sys.exit(code)
 
 
 @cli.command()

@@ -112,3 +112,32 @@ def retry(store: Store, redis: Redis, job_id: str, *, include_cancelled: bool = 
 
     enqueue(store, redis, job_id, suffix=f"-t{uuid.uuid4().hex[:8]}")
     return n
+
+
+def reconcile(store: Store, redis: Redis, queue: str) -> list[str]:
+    """Re-enqueue jobs on `queue` that have pending requests but no shard in Redis; returns their ids.
+
+    Redis carries only messages. After a Redis restart without persistence, or a shard whose retries ran
+    out, the store still knows what is left; a cancelling job with nothing running is finished here.
+    """
+    from rq.registry import DeferredJobRegistry, ScheduledJobRegistry, StartedJobRegistry
+
+    from omlx_jobs.jobs.queue import get_queue
+
+    q = get_queue(redis, queue)
+    live = set(q.get_job_ids())
+    for registry in (StartedJobRegistry, ScheduledJobRegistry, DeferredJobRegistry):
+        live.update(registry(queue=q).get_job_ids())
+    requeued = []
+    for job_id in store.jobs_with_pending(queue, [lifecycle.IN_PROGRESS, lifecycle.CANCELLING]):
+        if any(rq_id.startswith(f"{job_id}--") for rq_id in live):
+            continue
+        if store.get_job(job_id).status == lifecycle.CANCELLING:
+            store.cancel_pending(job_id)
+            lifecycle.finalize_if_done(store, job_id)
+            continue
+        import uuid
+
+        enqueue(store, redis, job_id, suffix=f"-c{uuid.uuid4().hex[:8]}")
+        requeued.append(job_id)
+    return requeued

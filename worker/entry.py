@@ -14,7 +14,7 @@ from typing import Any
 from redis import Redis
 
 from omlx_jobs.jobs.queue import Shard, enqueue_shards
-from omlx_jobs.store import Store
+from omlx_jobs.store import Store, StoreError
 from omlx_jobs.worker import shard
 from omlx_jobs.worker.engine import Control, Engine
 
@@ -30,6 +30,8 @@ class WorkerContext:
     redis: Redis | None = None
     queue: str | None = None
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
+    fatal: str | None = None
+    """Set when the store fails (disk full, read-only): the worker stops taking work."""
     _drain_deadline: float | None = field(default=None, repr=False)
     _stop: bool = field(default=False, repr=False)
 
@@ -72,7 +74,14 @@ def run_shard(job_id: Any, start: Any, end: Any) -> dict[str, Any]:
     if not isinstance(job_id, str) or not all(isinstance(x, int) and not isinstance(x, bool) for x in (start, end)):
         raise ValueError(f"bad shard message: ({job_id!r}, {start!r}, {end!r})")
     ctx = current()
-    outcome = shard.run_shard(ctx.store, ctx.engine, job_id, start, end, control=ctx.control)
+    try:
+        outcome = shard.run_shard(ctx.store, ctx.engine, job_id, start, end, control=ctx.control)
+    except StoreError as exc:
+        # Nothing finished is lost (each result was committed or the write failed before it counted);
+        # RQ retries the shard later, on this or another worker.
+        ctx.fatal = str(exc)
+        log.error("store failed, stopping this worker: %s", exc)
+        raise
     if outcome.stopped and ctx.redis is not None and ctx.queue is not None:
         back = Shard(job_id, start, end, suffix=f"-h{uuid.uuid4().hex[:8]}")
         enqueue_shards(ctx.redis, ctx.queue, [back], at_front=True)

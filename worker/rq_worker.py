@@ -22,11 +22,9 @@ from omlx_jobs.worker.entry import WorkerContext
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_INTERVAL = 10
-HEARTBEAT_TTL = 45
-MAINTENANCE_INTERVAL = 30
-ABANDONED_AFTER = HEARTBEAT_TTL + MAINTENANCE_INTERVAL
-"""Upper bound, in seconds, before a dead worker's shard is queued again (while some worker is idle)."""
+DEFAULT_HEARTBEAT_TTL = 45
+"""A running shard's registry entry lives this long without a heartbeat; beats come every TTL/4 seconds.
+A dead worker's shard is queued again within TTL + min(TTL, 30) seconds by any idle worker's maintenance."""
 
 
 class RefusedPayload(RuntimeError):
@@ -36,15 +34,37 @@ class RefusedPayload(RuntimeError):
 class OmlxWorker(SimpleWorker):
     """SimpleWorker (in-process) with heartbeats, drain on SIGTERM and a JSON-only, single-entry-point policy."""
 
-    def __init__(self, queues: list[Queue], *, context: WorkerContext, **kwargs: Any) -> None:
-        kwargs.setdefault("serializer", JSONSerializer)
-        kwargs.setdefault("job_monitoring_interval", HEARTBEAT_INTERVAL)
-        kwargs.setdefault("maintenance_interval", MAINTENANCE_INTERVAL)
+    def __init__(
+        self, queues: list[Queue], *, context: WorkerContext, heartbeat_ttl: int = DEFAULT_HEARTBEAT_TTL, **kwargs: Any
+    ) -> None:
+        self.heartbeat_ttl = max(2, int(heartbeat_ttl))
+        self.heartbeat_interval = max(0.5, self.heartbeat_ttl / 4)
+        kwargs["serializer"] = JSONSerializer  # never pickle: a Redis writer must not run code here
+        kwargs.setdefault("job_monitoring_interval", max(1, int(self.heartbeat_interval)))
+        kwargs.setdefault("maintenance_interval", min(30, self.heartbeat_ttl))
         super().__init__(queues, **kwargs)
         self.context = context
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
-        return HEARTBEAT_TTL
+        return self.heartbeat_ttl
+
+    @property
+    def dequeue_timeout(self) -> int:
+        # Wake up often enough to run maintenance (requeue abandoned shards) on time.
+        return max(1, min(super().dequeue_timeout, int(self.maintenance_interval)))
+
+    def run_maintenance_tasks(self) -> None:
+        super().run_maintenance_tasks()
+        # Redis holds only messages; the store knows which jobs still have pending requests. Re-enqueue those
+        # whose shard is gone (a Redis restart without persistence, retries exhausted, a lost hand-back).
+        from omlx_jobs.jobs.actions import reconcile
+
+        for queue in self.queues:
+            try:
+                for job_id in reconcile(self.context.store, self.connection, queue.name):
+                    log.warning("job %s had pending requests but no shard in Redis; enqueued it again", job_id)
+            except Exception:
+                log.exception("reconciling queue %s with the store failed", queue.name)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         try:
@@ -64,6 +84,8 @@ class OmlxWorker(SimpleWorker):
         finally:
             stop.set()
             beat.join(timeout=5)
+        if self.context.fatal:
+            self._stop_requested = True  # the store failed: take no more work rather than lose results
         self.set_state(WorkerStatus.IDLE)
 
     def _refuse(self, job: Job, queue: Queue, reason: str) -> None:
@@ -76,7 +98,7 @@ class OmlxWorker(SimpleWorker):
         self.set_state(WorkerStatus.IDLE)
 
     def _beat(self, job: Job, execution: Any, stop: threading.Event) -> None:
-        while not stop.wait(HEARTBEAT_INTERVAL):
+        while not stop.wait(self.heartbeat_interval):
             try:
                 self.maintain_heartbeats(job, execution)
             except RedisError as exc:  # Redis restarting: results go to the store; keep beating
@@ -94,3 +116,57 @@ class OmlxWorker(SimpleWorker):
             self.context.request_stop()
             return
         super().request_force_stop(signum, frame)
+
+
+def serve(
+    context: WorkerContext,
+    queue_name: str,
+    *,
+    burst: bool = False,
+    heartbeat_ttl: int = DEFAULT_HEARTBEAT_TTL,
+    name: str | None = None,
+    max_wait: float = 30.0,
+) -> int:
+    """Run the worker until stopped (or, with burst, until the queue is empty). Returns an exit code.
+
+    RQ's work loop quits on a Redis error; the model stays loaded here, so this waits for Redis with
+    backoff and starts a new work loop. Jobs whose shards Redis lost are re-enqueued by maintenance.
+    """
+    import time
+
+    from omlx_jobs.jobs.queue import get_queue
+
+    redis = context.redis
+    assert redis is not None
+    delay = 1.0
+    while True:
+        worker = OmlxWorker(
+            [get_queue(redis, queue_name)], connection=redis, context=context, heartbeat_ttl=heartbeat_ttl, name=name
+        )
+        try:
+            worker.work(burst=burst, logging_level=logging.getLevelName(log.getEffectiveLevel()))
+        except RedisError as exc:
+            log.warning("Redis error before the work loop started: %s", exc)
+        if context.fatal:
+            log.error("stopped: %s", context.fatal)
+            return 3
+        if worker._stop_requested or context.stopping:
+            return 0
+        try:
+            redis.ping()
+            if burst and get_queue(redis, queue_name).count == 0 and not _has_started(redis, queue_name):
+                return 0
+            delay = 1.0
+        except RedisError as exc:
+            log.warning("Redis unreachable (%s); retrying in %.0fs", exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, max_wait)
+        name = None  # a new registration: the old one may linger until it expires
+
+
+def _has_started(redis: Any, queue_name: str) -> bool:
+    from rq.registry import StartedJobRegistry
+
+    from omlx_jobs.jobs.queue import get_queue
+
+    return StartedJobRegistry(queue=get_queue(redis, queue_name)).count > 0
