@@ -526,8 +526,8 @@ def _run_local(store: Any, engine: Any, job_id: str) -> None:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
         task = bar.add_task("generating", total=counts.total, completed=done["n"])
 
-        def progress() -> None:
-            done["n"] += 1
+        def progress(n: int) -> None:
+            done["n"] += n
             bar.update(task, completed=done["n"])
 
         try:

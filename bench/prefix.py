@@ -127,7 +127,7 @@ class _NoEos:
         return getattr(self._tok, name)
 
 
-def run_ours(loaded: Any, w: Workload, label: str, config: Any, workdir: Path) -> Run:
+def run_ours(loaded: Any, w: Workload, label: str, config: Any, workdir: Path, rep: int = 0) -> Run:
     """The whole job: rows into a fresh store, run_shard until every result is stored."""
     import mlx.core as mx
 
@@ -152,7 +152,7 @@ def run_ours(loaded: Any, w: Workload, label: str, config: Any, workdir: Path) -
                     )
                     + "\n"
                 )
-    store = open_store(url=f"sqlite:///{workdir / f'{w.name}-{label}.db'}")
+    store = open_store(url=f"sqlite:///{workdir / f'{w.name}-{label}-{rep}.db'}")
     engine = Engine(loaded, config)
     mx.synchronize()
     t = time.perf_counter()
@@ -189,15 +189,25 @@ def bench_workload(loaded: Any, w: Workload, args: argparse.Namespace, workdir: 
         ignore_eos=True,
         min_shared_tokens=args.min_shared_tokens,
     )
-    runs = [run_batch_generate(loaded, w, args.batch_size, args.prefill_batch_size)]
-    runs.append(run_ours(loaded, w, "omlx-jobs, cache off", EngineConfig(prefix_cache=False, **base), workdir))
-    unbounded = run_ours(loaded, w, "omlx-jobs, cache unbounded", EngineConfig(cache_memory=None, **base), workdir)
-    runs.append(unbounded)
-    cap = max(1, unbounded.peak_cache_bytes // 4)
-    capped = run_ours(loaded, w, "omlx-jobs, cache 25%", EngineConfig(cache_memory=cap, **base), workdir)
-    capped.extra["cap_bytes"] = cap
-    runs.append(capped)
-    return runs
+    best: dict[str, Run] = {}
+
+    def keep(run: Run) -> Run:
+        if run.label not in best or run.seconds < best[run.label].seconds:
+            best[run.label] = run
+        return best[run.label]
+
+    # Interleaved repeats, best wall time of each kept: the first run of a shape pays kernel compilation.
+    for rep in range(args.repeat):
+        keep(run_batch_generate(loaded, w, args.batch_size, args.prefill_batch_size))
+        keep(run_ours(loaded, w, "omlx-jobs, cache off", EngineConfig(prefix_cache=False, **base), workdir, rep))
+        unbounded = keep(
+            run_ours(loaded, w, "omlx-jobs, cache unbounded", EngineConfig(cache_memory=None, **base), workdir, rep)
+        )
+        cap = max(1, unbounded.peak_cache_bytes // 4)
+        capped = run_ours(loaded, w, "omlx-jobs, cache 25%", EngineConfig(cache_memory=cap, **base), workdir, rep)
+        capped.extra["cap_bytes"] = cap
+        keep(capped)
+    return list(best.values())
 
 
 def report(w: Workload, runs: list[Run]) -> dict[str, Any]:
@@ -236,6 +246,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--prefill-batch-size", type=int, default=8)
     ap.add_argument("--min-shared-tokens", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each configuration; the best is reported")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
     if args.quick:

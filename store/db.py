@@ -6,16 +6,32 @@ Every write is its own short transaction, so a result is durable the moment `rec
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections import namedtuple
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import Engine, and_, create_engine, delete, event, func, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Text,
+    and_,
+    bindparam,
+    case,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from omlx_jobs.store.models import FINAL_REQUEST_STATUSES, Base, Job, Request, RequestStatus
 
@@ -176,6 +192,67 @@ _REQUEST_INSERT_FIELDS = (
 )
 
 
+# Bodies arrive as JSON text (see _request_values), so the insert binds them as plain text.
+_INSERT_PARAM_NAMES = tuple("body_json" if f == "body" else f for f in _REQUEST_INSERT_FIELDS)
+_INSERT_REQUESTS = insert(Request).values(body=bindparam("body_json", type_=Text))
+_SQLITE_INSERT_REQUESTS = (
+    f"INSERT INTO {Request.__tablename__} ({', '.join(_REQUEST_INSERT_FIELDS)}) "
+    f"VALUES ({', '.join('?' for _ in _REQUEST_INSERT_FIELDS)})"
+)
+_COPY_REQUESTS = f"COPY {Request.__tablename__} ({', '.join(_REQUEST_INSERT_FIELDS)}) FROM STDIN"
+
+
+def _request_values(row: dict[str, Any], now: float) -> tuple[Any, ...]:
+    """One row as a tuple in _REQUEST_INSERT_FIELDS order, defaults filled in and the body as JSON text."""
+    body = row.get("body")
+    return (
+        row["job_id"],
+        row["idx"],
+        row["line"],
+        row["custom_id"],
+        row["endpoint"],
+        None if body is None else json.dumps(body),
+        row.get("status") or RequestStatus.PENDING,
+        row.get("error_code"),
+        row.get("error_message"),
+        row.get("created_at") or now,
+        row.get("finished_at"),
+        row.get("attempts") or 0,
+    )
+
+
+def _copy_requests(conn: Connection, values: list[tuple[Any, ...]]) -> None:
+    """COPY rows in, in the connection's open transaction: an INSERT per row costs a round trip each."""
+    dbapi = conn.dialect.loaded_dbapi
+    try:
+        with conn.connection.driver_connection.cursor() as cur, cur.copy(_COPY_REQUESTS) as copy:
+            for v in values:
+                copy.write_row(v)
+    except dbapi.Error as exc:
+        # Wrapped like SQLAlchemy's own errors, so _retrying turns them into a StoreError.
+        raise DBAPIError.instance(_COPY_REQUESTS, None, exc, dbapi.Error) from exc
+
+
+# Built once: constructing an UPDATE per result costs more than running it.
+_COMPLETE = (
+    update(Request)
+    .where(Request.id == bindparam("rid"), Request.status == RequestStatus.PENDING)
+    .values(
+        status=RequestStatus.COMPLETED,
+        output_text=bindparam("output_text"),
+        more_choices=bindparam("more_choices", type_=Request.__table__.c.more_choices.type),
+        finish_reason=bindparam("finish_reason"),
+        prompt_tokens=bindparam("prompt_tokens"),
+        cached_tokens=bindparam("cached_tokens"),
+        completion_tokens=bindparam("completion_tokens"),
+        error_code=None,
+        error_message=None,
+        started_at=func.coalesce(Request.started_at, bindparam("started")),
+        finished_at=bindparam("finished_at"),
+    )
+)
+
+
 class Store:
     """All reads and writes of jobs and requests."""
 
@@ -297,19 +374,24 @@ class Store:
 
     @_retrying
     def add_requests(self, rows: list[dict[str, Any]]) -> None:
-        """Insert a chunk of request rows (dicts with _REQUEST_INSERT_FIELDS) in one transaction."""
+        """Insert a chunk of request rows (dicts with _REQUEST_INSERT_FIELDS) in one transaction.
+
+        Bodies are serialized here, once; a missing body (an invalid input line) is stored as SQL NULL, not
+        JSON null, so `reset_for_retry` can leave those lines out. SQLite gets a plain executemany and PostgreSQL
+        (psycopg) a COPY; other databases a SQLAlchemy insert.
+        """
         if not rows:
             return
         now = time.time()
-        prepared = []
-        for r in rows:
-            row = {k: r.get(k) for k in _REQUEST_INSERT_FIELDS}
-            row["status"] = row["status"] or RequestStatus.PENDING
-            row["created_at"] = row["created_at"] or now
-            row["attempts"] = row["attempts"] or 0
-            prepared.append(row)
+        values = [_request_values(r, now) for r in rows]
         with self.engine.begin() as conn:
-            conn.execute(insert(Request), prepared)
+            # The fast paths skip SQLAlchemy's per-row parameter processing, the bulk of a Core executemany.
+            if self.is_sqlite:
+                conn.exec_driver_sql(_SQLITE_INSERT_REQUESTS, values)
+            elif conn.dialect.driver == "psycopg":
+                _copy_requests(conn, values)
+            else:
+                conn.execute(_INSERT_REQUESTS, [dict(zip(_INSERT_PARAM_NAMES, v, strict=True)) for v in values])
 
     @_retrying
     def delete_requests(self, job_id: str) -> None:
@@ -330,39 +412,37 @@ class Store:
                     .values(attempts=Request.attempts + 1, started_at=func.coalesce(Request.started_at, now))
                 )
 
+    def record_completion(self, request_id: int, **fields: Any) -> bool:
+        """Store one finished request (see record_completions)."""
+        return self.record_completions([{"id": request_id, **fields}]) == 1
+
     @_retrying
-    def record_completion(
-        self,
-        request_id: int,
-        *,
-        output_text: str,
-        finish_reason: str,
-        prompt_tokens: int,
-        cached_tokens: int,
-        completion_tokens: int,
-        more_choices: list[dict[str, Any]] | None = None,
-        started_at: float | None = None,
-    ) -> bool:
-        """Store a finished request. Only a pending request takes a result, so there is never a second one."""
+    def record_completions(self, results: list[dict[str, Any]]) -> int:
+        """Store finished requests in one transaction; returns how many were stored.
+
+        Each dict has id, output_text, finish_reason, prompt_tokens, cached_tokens, completion_tokens and
+        optionally more_choices and started_at. Only a pending request takes a result, so there is never a
+        second one.
+        """
+        now = time.time()
+        stored = 0
         with self.engine.begin() as conn:
-            res = conn.execute(
-                update(Request)
-                .where(Request.id == request_id, Request.status == RequestStatus.PENDING)
-                .values(
-                    status=RequestStatus.COMPLETED,
-                    output_text=output_text,
-                    more_choices=more_choices,
-                    finish_reason=finish_reason,
-                    prompt_tokens=prompt_tokens,
-                    cached_tokens=cached_tokens,
-                    completion_tokens=completion_tokens,
-                    error_code=None,
-                    error_message=None,
-                    started_at=func.coalesce(Request.started_at, started_at),
-                    finished_at=time.time(),
-                )
-            )
-            return res.rowcount > 0
+            for r in results:
+                stored += conn.execute(
+                    _COMPLETE,
+                    {
+                        "rid": r["id"],
+                        "output_text": r["output_text"],
+                        "more_choices": r.get("more_choices"),
+                        "finish_reason": r["finish_reason"],
+                        "prompt_tokens": r["prompt_tokens"],
+                        "cached_tokens": r["cached_tokens"],
+                        "completion_tokens": r["completion_tokens"],
+                        "started": r.get("started_at"),
+                        "finished_at": now,
+                    },
+                ).rowcount
+        return stored
 
     @_retrying
     def record_failure(self, request_id: int, code: str, message: str, *, prompt_tokens: int | None = None) -> bool:
@@ -423,6 +503,8 @@ class Store:
                     error_code=None,
                     error_message=None,
                     finished_at=None,
+                    # A request given up after too many attempts gets a fresh allowance; others keep theirs.
+                    attempts=case((Request.error_code == "too_many_attempts", 0), else_=Request.attempts),
                 )
             ).rowcount
 
@@ -480,27 +562,49 @@ class Store:
             last_finished_at=max(ends) if ends else None,
         )
 
-    def iter_requests(self, job_id: str, batch_size: int = 1000) -> Iterator[Request]:
-        """Stream every request row of a job in input order, `batch_size` rows at a time (keyset paging)."""
-        last_idx = -1
-        while True:
-            page = self._page(job_id, last_idx, batch_size)
-            if not page:
-                return
-            yield from page
-            last_idx = page[-1].idx
+    def iter_requests(
+        self, job_id: str, batch_size: int = 1000, *, columns: Sequence[str] | None = None
+    ) -> Iterator[Any]:
+        """Stream every request row of a job in input order, `batch_size` positions at a time, as named tuples.
+
+        `columns` names the columns to read (default all); leaving out `body` spares decoding every prompt.
+        Pages are idx ranges (idx runs 0..total-1), each a short transaction and an index range scan whatever
+        the planner's statistics say (an ORDER BY ... LIMIT page right after a bulk insert got a full scan on
+        PostgreSQL, so export time grew with the square of the job's size).
+        """
+        table = Request.__table__
+        cols = [table.c[name] for name in columns] if columns is not None else list(table.c)
+        row_type = _row_type(tuple(c.name for c in cols))
+        first, last = self._idx_bounds(job_id)
+        if first is None or last is None:
+            return
+        for lo in range(first, last + 1, batch_size):
+            yield from map(row_type._make, self._page(job_id, lo, lo + batch_size, cols))
 
     @_retrying
-    def _page(self, job_id: str, after_idx: int, limit: int) -> list[Any]:
+    def _idx_bounds(self, job_id: str) -> tuple[int | None, int | None]:
         with self.engine.connect() as conn:
-            return list(
-                conn.execute(
-                    select(Request.__table__)
-                    .where(Request.job_id == job_id, Request.idx > after_idx)
-                    .order_by(Request.idx)
-                    .limit(limit)
-                )
+            row = conn.execute(select(func.min(Request.idx), func.max(Request.idx)).where(Request.job_id == job_id))
+            first, last = row.one()
+            return first, last
+
+    @_retrying
+    def _page(self, job_id: str, lo: int, hi: int, cols: list[Any]) -> list[Any]:
+        """Rows with lo <= idx < hi, in idx order."""
+        with self.engine.connect() as conn:
+            return conn.execute(
+                select(*cols).where(Request.job_id == job_id, Request.idx >= lo, Request.idx < hi).order_by(Request.idx)
+            ).all()
+
+    @_retrying
+    def jobs_with_pending(self, queue: str, statuses: Iterable[str]) -> list[str]:
+        """Ids of jobs on `queue`, in one of `statuses`, that still have pending requests."""
+        pending = select(Request.id).where(Request.job_id == Job.id, Request.status == RequestStatus.PENDING)
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(Job.id).where(Job.queue == queue, Job.status.in_(list(statuses)), pending.exists())
             )
+            return [r[0] for r in rows]
 
     @_retrying
     def request_statuses(self, job_id: str) -> dict[str, str]:
@@ -508,6 +612,12 @@ class Store:
         with self.engine.connect() as conn:
             rows = conn.execute(select(Request.custom_id, Request.status).where(Request.job_id == job_id))
             return {r[0]: r[1] for r in rows}
+
+
+@functools.lru_cache(maxsize=16)
+def _row_type(names: tuple[str, ...]) -> type[Any]:
+    """A named tuple for exported rows: its fields read ~10x faster than a SQLAlchemy Row's (export reads 15 a row)."""
+    return namedtuple("RequestRow", names)  # type: ignore[misc]
 
 
 def _chunks(items: list[int], n: int) -> Iterator[list[int]]:

@@ -48,7 +48,7 @@ def mixed_prompts(loaded: LoadedModel) -> list[list[int]]:
 
 def run(engine: Engine, items: list[WorkItem]) -> dict[int, ItemResult]:
     results: dict[int, ItemResult] = {}
-    stats = engine.run(items, lambda r: results.__setitem__(r.key, r))
+    stats = engine.run(items, lambda rs: results.update({r.key: r for r in rs}))
     assert stats.unfinished == []
     return results
 
@@ -80,7 +80,7 @@ def test_prefix_reuse_computes_each_shared_token_once(tiny_loaded: LoadedModel) 
     engine = Engine(tiny_loaded, EngineConfig(cache_memory=None, min_shared_tokens=1))
     items = [WorkItem(i, p, greedy(4)) for i, p in enumerate(prompts)]
     results: dict[int, ItemResult] = {}
-    stats = engine.run(items, lambda r: results.__setitem__(r.key, r))
+    stats = engine.run(items, lambda rs: results.update({r.key: r for r in rs}))
     assert stats.prefill_tokens == stats.trie_min_tokens  # every distinct prompt token computed once
     assert stats.prompt_tokens == sum(len(p) for p in prompts)
     # Per request, cached tokens are the prompt tokens not computed for it.
@@ -96,7 +96,7 @@ def test_n_copies_share_the_prompt_and_greedy_copies_agree(tiny_loaded: LoadedMo
     )
     engine = Engine(tiny_loaded, EngineConfig(cache_memory=None, min_shared_tokens=8))
     results: dict[int, ItemResult] = {}
-    stats = engine.run([WorkItem(0, prompt, greedy(6, n=4))], lambda r: results.__setitem__(r.key, r))
+    stats = engine.run([WorkItem(0, prompt, greedy(6, n=4))], lambda rs: results.update({r.key: r for r in rs}))
     ref = reference(tiny_loaded, prompt, 6)
     assert [c.token_ids for c in results[0].choices] == [ref] * 4
     assert stats.prefill_tokens == len(prompt)  # the prompt was computed once for all four
@@ -176,7 +176,7 @@ def test_disk_tier_survives_restart_and_corrupt_files(tiny_loaded: LoadedModel, 
 
     restarted = Engine(tiny_loaded, config)  # a new worker: empty memory cache, same disk
     results: dict[int, ItemResult] = {}
-    stats = restarted.run(items, lambda r: results.__setitem__(r.key, r))
+    stats = restarted.run(items, lambda rs: results.update({r.key: r for r in rs}))
     assert stats.disk_hits > 0
     assert {k: r.choices[0].token_ids for k, r in results.items()} == {
         k: r.choices[0].token_ids for k, r in expected.items()
@@ -200,6 +200,6 @@ def test_caches_never_cross_models(tiny_loaded: LoadedModel, tmp_path: Path) -> 
     engine = Engine(other, config)
     assert engine.disk is not None and len(engine.disk) == 0  # the first model's files are not visible
     results: dict[int, ItemResult] = {}
-    engine.run(items, lambda r: results.__setitem__(r.key, r))
+    engine.run(items, lambda rs: results.update({r.key: r for r in rs}))
     for i, p in enumerate(prompts):
         assert results[i].choices[0].token_ids == reference(other, p, 5)

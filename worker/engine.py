@@ -7,7 +7,6 @@ run(): plan the shard (planner), then admit sequences depth-first, prefilling ea
 
 from __future__ import annotations
 
-import copy
 import enum
 import time
 from collections.abc import Callable, Sequence
@@ -16,10 +15,10 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, make_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
 from omlx_jobs.jobs.formats import SamplingParams
-from omlx_jobs.worker import planner
+from omlx_jobs.worker import kv, planner
 from omlx_jobs.worker.disk_cache import DiskCache
 from omlx_jobs.worker.model import LoadedModel, PromptError
 from omlx_jobs.worker.prefix_cache import DEFAULT_CACHE_MEMORY, Entry, Match, PrefixCache
@@ -171,13 +170,13 @@ class Engine:
     def run(
         self,
         items: Sequence[WorkItem],
-        on_result: Callable[[ItemResult], None],
+        on_results: Callable[[list[ItemResult]], None],
         control: Callable[[], Control] = lambda: Control.RUN,
         *,
         on_admit: Callable[[list[Any]], None] | None = None,
         on_plan: Callable[[RunStats], None] | None = None,
     ) -> RunStats:
-        """Generate every item (n choices each), calling on_result as each item finishes.
+        """Generate every item (n choices each); after each step, on_results gets the items that finished in it.
 
         on_admit gets the keys of items about to start (once per refill); on_plan the planned totals.
         """
@@ -199,7 +198,7 @@ class Engine:
         stats.prompt_tokens = the_plan.prompt_tokens
         if on_plan is not None:
             on_plan(stats)
-        warm_at = the_plan.warmups_starting_at()
+        warmups, next_w = the_plan.warmups, 0
         for entry in self.cache.entries():
             entry.needed_until = -1  # left from an earlier run: its subtree here is unknown, evict first
 
@@ -214,6 +213,7 @@ class Engine:
         states: dict[int, _ItemState] = {}
         active: dict[int, _Seq] = {}
         pinned: list[tuple[Entry, int]] = []
+        done: list[ItemResult] = []
         pos = 0
         try:
             while True:
@@ -225,15 +225,26 @@ class Engine:
                     new = [items[seqs[s][0]].key for s in batch if seqs[s][0] not in states]
                     if new:
                         on_admit(list(dict.fromkeys(new)))
+                if batch:
+                    # Warm up every shared prefix the next window needs, batched, before admitting into it.
+                    ahead = pos + window
+                    upcoming = []
+                    while next_w < len(warmups) and warmups[next_w].first < ahead:
+                        upcoming.append(warmups[next_w])
+                        next_w += 1
+                    if upcoming:
+                        pinned += self._ensure_warmups(
+                            [(w, keys[the_plan.order[w.first]][: w.depth * 4]) for w in upcoming], gen, stats
+                        )
                 for s in batch:
                     self.cache.advance(pos)
                     pinned = self._release_pins(pinned, pos)
-                    for w in warm_at.get(pos, ()):
-                        entry = self._warm_up(keys[s][: w.depth * 4], w.last, gen, stats)
-                        pinned.append((entry, w.last))
                     i, c = seqs[s]
-                    self._admit(gen, items, i, c, item_keys[i], states, active, stats, on_result)
+                    self._admit(gen, items, i, c, item_keys[i], states, active, stats, done)
                     pos += 1
+                if done:
+                    on_results(done)
+                    done = []
                 if not active:
                     if mode is not Control.RUN or pos >= len(the_plan.order):
                         break
@@ -253,7 +264,10 @@ class Engine:
                             reason = "stop"
                     if reason is not None:
                         del active[r.uid]
-                        self._finish(seq, reason, items, states, on_result)
+                        self._finish(seq, reason, items, states, done)
+                if done:
+                    on_results(done)  # committed together: everything that finished in this step
+                    done = []
         finally:
             if active:
                 gen.remove(list(active))
@@ -290,7 +304,7 @@ class Engine:
         states: dict[int, _ItemState],
         active: dict[int, _Seq],
         stats: RunStats,
-        on_result: Callable[[ItemResult], None],
+        done: list[ItemResult],
     ) -> None:
         item = items[i]
         tokens, params = item.tokens, item.params
@@ -312,14 +326,14 @@ class Engine:
             seq.generated = 1
             stats.generation_tokens += 1
             if first in self.eos:
-                self._finish(seq, "stop", items, states, on_result)
+                self._finish(seq, "stop", items, states, done)
                 return
             seq.tokens.append(first)
             if max_tokens == 1 or (seq.stops and self._hit_stop(seq)):
-                self._finish(seq, "length" if max_tokens == 1 else "stop", items, states, on_result)
+                self._finish(seq, "length" if max_tokens == 1 else "stop", items, states, done)
                 return
             caches, all_tokens, prompt, max_tokens = (
-                self._view(match.entry, n),
+                kv.view(match.entry.value, match.entry.tokens, n),
                 list(tokens),
                 [first],
                 max_tokens - 1,
@@ -330,7 +344,7 @@ class Engine:
             cached = match.length if match is not None else 0
             self._note_start(states, i, item, cached=cached)
             stats.prefill_tokens += n - cached
-            caches = self._view(match.entry, cached) if match is not None else None
+            caches = kv.view(match.entry.value, match.entry.tokens, cached) if match is not None else None
             all_tokens, prompt = list(tokens[:cached]), tokens[cached:]
         (uid,) = gen.insert(
             [prompt],
@@ -358,31 +372,36 @@ class Engine:
         tok = sampler(logprobs) if sampler is not None else mx.argmax(logprobs, axis=-1)
         return int(tok.item())
 
-    def _view(self, entry: Entry, length: int) -> list[Any]:
-        """Per-layer caches holding the first `length` tokens of `entry`, safe to hand to BatchGenerator.
-
-        BatchGenerator copies them when it merges a batch, so a KVCache view is a slice, not a copy.
-        """
-        out = []
-        for c in entry.value:
-            if isinstance(c, KVCache):
-                v = KVCache()
-                if length:
-                    v.keys = c.keys[..., :length, :]
-                    v.values = c.values[..., :length, :]
-                v.offset = length
-                out.append(v)
-            else:
-                v = copy.copy(c)
-                if length < entry.tokens:
-                    v.trim(entry.tokens - length)
-                out.append(v)
-        return out
-
     # ---- warm-ups ----------------------------------------------------------------------------------
 
-    def _warm_up(self, key: bytes, last: int, gen: BatchGenerator, stats: RunStats) -> Entry:
-        """Make sure the prefix `key` is cached (computing only what no entry holds); pin it for the group."""
+    def _ensure_warmups(
+        self, wanted: list[tuple[planner.WarmUp, bytes]], gen: BatchGenerator, stats: RunStats
+    ) -> list[tuple[Entry, int]]:
+        """Make sure each warm-up's prefix is cached, computing only what no entry (memory or disk) holds.
+
+        Prefixes are computed in batches of prefill_batch_size, parents before the prefixes nested in them.
+        Every entry is pinned until its group is admitted; returns (entry, last position) pairs.
+        """
+        key_of = dict(wanted)
+        pinned: list[tuple[Entry, int]] = []
+        for round_ in planner.rounds([w for w, _ in wanted]):
+            todo: list[tuple[planner.WarmUp, bytes, Match | None]] = []
+            for w in round_:
+                key = key_of[w]
+                entry = self._cached_prefix(key, w.last, stats)
+                if isinstance(entry, Entry):
+                    pinned.append((entry, w.last))
+                else:
+                    todo.append((w, key, entry))
+            # One-token suffixes go in batches of their own (PromptProcessingBatch wants a head for every row).
+            for one in (True, False):
+                part = [t for t in todo if (len(t[1]) // 4 - (t[2].length if t[2] else 0) == 1) == one]
+                for i in range(0, len(part), self.config.prefill_batch_size):
+                    pinned += self._compute_warmups(part[i : i + self.config.prefill_batch_size], gen, stats)
+        return pinned
+
+    def _cached_prefix(self, key: bytes, last: int, stats: RunStats) -> Entry | Match | None:
+        """The entry holding exactly `key` (an Entry, pinned), else the best base to extend (a Match, or None)."""
         entry = self.cache.get(key)
         if entry is not None:
             entry.needed_until = max(entry.needed_until, last)
@@ -396,49 +415,39 @@ class Engine:
                 loaded = self.disk.load(found[0])
                 if loaded is not None:
                     stats.disk_hits += 1
-                    disk_entry = self.cache.add(found[0], loaded, _nbytes(loaded), needed_until=last)
+                    disk_entry = self.cache.add(found[0], loaded, kv.nbytes(loaded), needed_until=last)
                     base = Match(disk_entry, min(found[1], depth))
-        if base is not None and base.length == depth and base.entry.tokens == depth:
-            base.entry.needed_until = max(base.entry.needed_until, last)
-            self.cache.pin(base.entry)
-            return base.entry
+        if base is not None and base.length == depth:
+            if base.entry.tokens == depth:
+                base.entry.needed_until = max(base.entry.needed_until, last)
+                self.cache.pin(base.entry)
+                return base.entry
+            # A longer entry holds this prefix: keep its first `depth` tokens as an entry of their own.
+            caches = kv.extendable(base.entry.value, base.entry.tokens, depth)
+            return self.cache.add(key, caches, kv.nbytes(caches), needed_until=last, pin=True)
+        return base
+
+    def _compute_warmups(
+        self, todo: list[tuple[planner.WarmUp, bytes, Match | None]], gen: BatchGenerator, stats: RunStats
+    ) -> list[tuple[Entry, int]]:
+        if not todo:
+            return []
         tic = time.perf_counter()
-        start = base.length if base is not None else 0
-        caches = self._extendable(base.entry, start) if base is not None else make_prompt_cache(self.model)
-        tokens = planner.key_tokens(key)[start:]
-        step = self.config.prefill_step_size
-        logits = None
+        bases = [kv.extendable(b.entry.value, b.entry.tokens, b.length) if b else None for _, _, b in todo]
+        suffixes = [planner.key_tokens(key)[b.length if b else 0 :] for _, key, b in todo]
         with mx.stream(gen.stream):
-            # All but the last token through the transformer body only: projecting every position onto the
-            # vocabulary is wasted work (a large share of it for big vocabularies); the last gives the logits.
-            body = self._body()
-            for s in range(0, len(tokens) - 1, step):
-                body(mx.array(tokens[s : min(s + step, len(tokens) - 1)])[None], cache=caches)
-                mx.eval([c.state for c in caches])
-            if tokens:
-                logits = self.model(mx.array(tokens[-1:])[None], cache=caches)[:, -1, :]
-                mx.eval([c.state for c in caches], logits)
-            caches = [_compact(c) for c in caches]
-            mx.eval([c.state for c in caches])
-        stats.warmups += 1
-        stats.warmup_tokens += len(tokens)
-        stats.prefill_tokens += len(tokens)
+            computed = kv.prefill(self.model, bases, suffixes, self.config.prefill_step_size)
+        pinned = []
+        for (w, key, _), suffix, (caches, logits) in zip(todo, suffixes, computed, strict=True):
+            entry = self.cache.add(key, caches, kv.nbytes(caches), needed_until=w.last, logits=logits, pin=True)
+            pinned.append((entry, w.last))
+            stats.warmups += 1
+            stats.warmup_tokens += len(suffix)
+            stats.prefill_tokens += len(suffix)
+            if self.disk is not None:
+                self.disk.save(key, caches)
         stats.warmup_seconds += time.perf_counter() - tic
-        entry = self.cache.add(key, caches, _nbytes(caches), needed_until=last, logits=logits, pin=True)
-        if self.disk is not None:
-            self.disk.save(key, caches)
-        return entry
-
-    def _body(self) -> Callable[..., Any]:
-        """The model without its output projection, when it has the usual `.model` body; else the whole model."""
-        inner = getattr(self.model, "model", None)
-        return inner if callable(inner) else self.model
-
-    def _extendable(self, entry: Entry, length: int) -> list[Any]:
-        """A copy of `entry`'s first `length` tokens that the model may extend without touching the entry."""
-        if all(isinstance(c, KVCache) for c in entry.value):
-            return self._view(entry, length)
-        return [copy.deepcopy(c) for c in self._view(entry, length)]
+        return pinned
 
     # ---- finishing ---------------------------------------------------------------------------------
 
@@ -457,7 +466,7 @@ class Engine:
         reason: str,
         items: Sequence[WorkItem],
         states: dict[int, _ItemState],
-        on_result: Callable[[ItemResult], None],
+        done: list[ItemResult],
     ) -> None:
         text = self.tokenizer.decode(seq.tokens)
         if seq.stops:
@@ -469,7 +478,7 @@ class Engine:
         state.remaining -= 1
         if state.remaining == 0:
             item = items[seq.item]
-            on_result(
+            done.append(
                 ItemResult(
                     key=item.key,
                     choices=[state.choices[c] for c in range(item.params.n)],
@@ -479,18 +488,3 @@ class Engine:
                     finished_at=time.time(),
                 )
             )
-
-
-def _compact(c: Any) -> Any:
-    """Drop a KVCache's unused preallocated tail so the entry's bytes are what it holds."""
-    if isinstance(c, KVCache) and c.keys is not None and c.keys.shape[2] != c.offset:
-        out = KVCache()
-        out.keys = mx.contiguous(c.keys[..., : c.offset, :])
-        out.values = mx.contiguous(c.values[..., : c.offset, :])
-        out.offset = c.offset
-        return out
-    return c
-
-
-def _nbytes(caches: list[Any]) -> int:
-    return int(sum(c.nbytes for c in caches))

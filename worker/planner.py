@@ -92,3 +92,18 @@ def plan(keys: Sequence[bytes], min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKE
             stack.append((cur, lb))
     warmups.sort(key=lambda w: (w.first, w.depth))
     return Plan(order=order, warmups=warmups, trie_min_tokens=trie_min, prompt_tokens=sum(lengths))
+
+
+def rounds(warmups: Sequence[WarmUp]) -> list[list[WarmUp]]:
+    """Split warm-ups into rounds that can each be computed as one batch: a warm-up nested inside another
+    (its ancestor in the trie) extends the ancestor's cache, so it comes in a later round."""
+    out: list[list[WarmUp]] = []
+    level: dict[WarmUp, int] = {}
+    for w in sorted(warmups, key=lambda w: (w.depth, w.first)):
+        parents = [level[p] for p in level if p.first <= w.first and w.last <= p.last and p.depth < w.depth]
+        lv = max(parents, default=-1) + 1
+        level[w] = lv
+        while len(out) <= lv:
+            out.append([])
+        out[lv].append(w)
+    return out

@@ -78,7 +78,7 @@ def run_shard(
     end: int | None = None,
     *,
     control: Callable[[], Control] | None = None,
-    on_progress: Callable[[], None] | None = None,
+    on_progress: Callable[[int], None] | None = None,
 ) -> ShardOutcome:
     """Generate every pending request of job `job_id` with position in [start, end)."""
     outcome = ShardOutcome(job_id, start, end if end is not None else -1)
@@ -115,23 +115,24 @@ def run_shard(
             continue
         items.append(WorkItem(req.id, tokens, params))
 
-    def on_result(result: ItemResult) -> None:
-        first = result.choices[0]
-        more = [{"text": c.text, "finish_reason": c.finish_reason} for c in result.choices[1:]] or None
-        stored = store.record_completion(
-            result.key,
-            output_text=first.text,
-            finish_reason=first.finish_reason,
-            prompt_tokens=result.prompt_tokens,
-            cached_tokens=result.cached_tokens,
-            completion_tokens=result.completion_tokens,
-            more_choices=more,
-            started_at=result.started_at,
+    def on_results(results: list[ItemResult]) -> None:
+        outcome.completed += store.record_completions(
+            [
+                {
+                    "id": r.key,
+                    "output_text": r.choices[0].text,
+                    "finish_reason": r.choices[0].finish_reason,
+                    "prompt_tokens": r.prompt_tokens,
+                    "cached_tokens": r.cached_tokens,
+                    "completion_tokens": r.completion_tokens,
+                    "more_choices": [{"text": c.text, "finish_reason": c.finish_reason} for c in r.choices[1:]] or None,
+                    "started_at": r.started_at,
+                }
+                for r in results
+            ]
         )
-        if stored:
-            outcome.completed += 1
         if on_progress:
-            on_progress()
+            on_progress(len(results))
 
     def on_plan(plan_stats: RunStats) -> None:
         # The trie minimum counts once per shard, on its first run; re-runs add only what they compute.
@@ -139,7 +140,7 @@ def run_shard(
             store.add_job_stats(job_id, trie_min_tokens=plan_stats.trie_min_tokens)
 
     watch = _JobWatch(store, job_id, control)
-    stats = engine.run(items, on_result, watch, on_admit=store.mark_started, on_plan=on_plan)
+    stats = engine.run(items, on_results, watch, on_admit=store.mark_started, on_plan=on_plan)
     outcome.stats = stats
     cache = engine.cache.stats
     store.add_job_stats(
