@@ -200,9 +200,21 @@ def bench_workload(loaded: Any, w: Workload, args: argparse.Namespace, workdir: 
     for rep in range(args.repeat):
         keep(run_batch_generate(loaded, w, args.batch_size, args.prefill_batch_size))
         keep(run_ours(loaded, w, "omlx-jobs, cache off", EngineConfig(prefix_cache=False, **base), workdir, rep))
+        profiler = None
+        if args.profile and rep == args.repeat - 1:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
         unbounded = keep(
             run_ours(loaded, w, "omlx-jobs, cache unbounded", EngineConfig(cache_memory=None, **base), workdir, rep)
         )
+        if profiler is not None:
+            import pstats
+
+            profiler.disable()
+            print(f"-- profile of omlx-jobs, cache unbounded, workload {w.name} (cumulative, top 30)")
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
         cap = max(1, unbounded.peak_cache_bytes // 4)
         capped = run_ours(loaded, w, "omlx-jobs, cache 25%", EngineConfig(cache_memory=cap, **base), workdir, rep)
         capped.extra["cap_bytes"] = cap
@@ -246,6 +258,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--prefill-batch-size", type=int, default=8)
     ap.add_argument("--min-shared-tokens", type=int, default=16)
+    ap.add_argument("--profile", action="store_true", help="cProfile the unbounded-cache run")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each configuration; the best is reported")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()

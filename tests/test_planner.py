@@ -73,3 +73,17 @@ def test_empty_and_single() -> None:
     assert plan([], 4).order == []
     p = plan(keys([1, 2, 3]), 1)
     assert p.order == [0] and p.warmups == [] and p.trie_min_tokens == 3
+
+
+def test_warmup_rounds_fold_chains_and_compute_branch_points_first() -> None:
+    from omlx_jobs.worker.planner import WarmupTask, warmup_rounds
+
+    # A conversation chain: turn1 ⊂ turn2 ⊂ turn3 nodes fold into one pass of the deepest.
+    t1, t2, t3 = WarmUp(30, 0, 3), WarmUp(50, 1, 3), WarmUp(70, 2, 3)
+    assert warmup_rounds([t3, t1, t2]) == [[WarmupTask(t3, (t1, t2))]]
+    # A system prompt shared by two sub-groups is computed once, before them.
+    root, left, right = WarmUp(20, 0, 9), WarmUp(25, 0, 4), WarmUp(26, 5, 9)
+    assert warmup_rounds([left, right, root]) == [[WarmupTask(root)], [WarmupTask(left), WarmupTask(right)]]
+    # Independent groups share a round.
+    a, b = WarmUp(20, 0, 3), WarmUp(20, 4, 7)
+    assert warmup_rounds([a, b]) == [[WarmupTask(a), WarmupTask(b)]]

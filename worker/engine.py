@@ -145,6 +145,7 @@ class Engine:
             else None
         )
         self.samplers = SamplerFactory()
+        self._last_view: tuple[Entry, int, list[Any]] | None = None
         self.eos = [] if self.config.ignore_eos else sorted(self.tokenizer.eos_token_ids)
 
     @property
@@ -333,7 +334,7 @@ class Engine:
                 self._finish(seq, "length" if max_tokens == 1 else "stop", items, states, done)
                 return
             caches, all_tokens, prompt, max_tokens = (
-                kv.view(match.entry.value, match.entry.tokens, n),
+                self._view(match.entry, n),
                 list(tokens),
                 [first],
                 max_tokens - 1,
@@ -344,7 +345,7 @@ class Engine:
             cached = match.length if match is not None else 0
             self._note_start(states, i, item, cached=cached)
             stats.prefill_tokens += n - cached
-            caches = kv.view(match.entry.value, match.entry.tokens, cached) if match is not None else None
+            caches = self._view(match.entry, cached) if match is not None else None
             all_tokens, prompt = list(tokens[:cached]), tokens[cached:]
         (uid,) = gen.insert(
             [prompt],
@@ -355,6 +356,12 @@ class Engine:
             logits_processors=[processors],
         )
         active[uid] = seq
+
+    def _view(self, entry: Entry, length: int) -> list[Any]:
+        """kv.view, reused across the consecutive admissions of a group (they share one prefix view)."""
+        if self._last_view is None or self._last_view[0] is not entry or self._last_view[1] != length:
+            self._last_view = (entry, length, kv.view(entry.value, entry.tokens, length))
+        return self._last_view[2]
 
     def _note_start(self, states: dict[int, _ItemState], i: int, item: WorkItem, cached: int) -> None:
         state = states.get(i)
@@ -379,26 +386,34 @@ class Engine:
     ) -> list[tuple[Entry, int]]:
         """Make sure each warm-up's prefix is cached, computing only what no entry (memory or disk) holds.
 
-        Prefixes are computed in batches of prefill_batch_size, parents before the prefixes nested in them.
-        Every entry is pinned until its group is admitted; returns (entry, last position) pairs.
+        Passes run in batches of prefill_batch_size; a chain of nested warm-ups is one pass (see
+        planner.warmup_rounds). Every entry is pinned until its group is admitted; returns (entry, last).
         """
         key_of = dict(wanted)
         pinned: list[tuple[Entry, int]] = []
-        for round_ in planner.rounds([w for w, _ in wanted]):
-            todo: list[tuple[planner.WarmUp, bytes, Match | None]] = []
-            for w in round_:
-                key = key_of[w]
-                entry = self._cached_prefix(key, w.last, stats)
-                if isinstance(entry, Entry):
-                    pinned.append((entry, w.last))
+        for round_ in planner.warmup_rounds(list(key_of), fold_chains=self.trimmable):
+            todo: list[tuple[planner.WarmupTask, Match | None]] = []
+            for task in round_:
+                got = self._cached_prefix(key_of[task.node], task.node.last, stats)
+                if isinstance(got, Entry):
+                    pinned.append((got, task.node.last))
+                    pinned += [self._derive(key_of[d], d.last, got, None) for d in task.derived]
                 else:
-                    todo.append((w, key, entry))
-            # One-token suffixes go in batches of their own (PromptProcessingBatch wants a head for every row).
-            for one in (True, False):
-                part = [t for t in todo if (len(t[1]) // 4 - (t[2].length if t[2] else 0) == 1) == one]
-                for i in range(0, len(part), self.config.prefill_batch_size):
-                    pinned += self._compute_warmups(part[i : i + self.config.prefill_batch_size], gen, stats)
+                    todo.append((task, got))
+            todo.sort(key=lambda t: len(key_of[t[0].node]) - 4 * (t[1].length if t[1] else 0))
+            for i in range(0, len(todo), self.config.prefill_batch_size):
+                pinned += self._compute_warmups(todo[i : i + self.config.prefill_batch_size], key_of, gen, stats)
         return pinned
+
+    def _derive(self, key: bytes, last: int, source: Entry, logits: mx.array | None) -> tuple[Entry, int]:
+        """The entry for prefix `key` of `source` (an existing entry if there is one), pinned until `last`."""
+        entry = self.cache.get(key)
+        if entry is not None:
+            entry.needed_until = max(entry.needed_until, last)
+            self.cache.pin(entry)
+            return entry, last
+        caches = kv.view(source.value, source.tokens, len(key) // 4)
+        return self.cache.add(key, caches, kv.nbytes(caches), needed_until=last, logits=logits, pin=True), last
 
     def _cached_prefix(self, key: bytes, last: int, stats: RunStats) -> Entry | Match | None:
         """The entry holding exactly `key` (an Entry, pinned), else the best base to extend (a Match, or None)."""
@@ -428,20 +443,37 @@ class Engine:
         return base
 
     def _compute_warmups(
-        self, todo: list[tuple[planner.WarmUp, bytes, Match | None]], gen: BatchGenerator, stats: RunStats
+        self,
+        todo: list[tuple[planner.WarmupTask, Match | None]],
+        key_of: dict[planner.WarmUp, bytes],
+        gen: BatchGenerator,
+        stats: RunStats,
     ) -> list[tuple[Entry, int]]:
         if not todo:
             return []
         tic = time.perf_counter()
-        bases = [kv.extendable(b.entry.value, b.entry.tokens, b.length) if b else None for _, _, b in todo]
-        suffixes = [planner.key_tokens(key)[b.length if b else 0 :] for _, key, b in todo]
+        starts = [b.length if b else 0 for _, b in todo]
+        bases = [kv.extendable(b.entry.value, b.entry.tokens, b.length) if b else None for _, b in todo]
+        suffixes = [planner.key_tokens(key_of[t.node])[s:] for (t, _), s in zip(todo, starts, strict=True)]
+        # Logits after the node and after each folded ancestor: a request whose whole prompt ends there
+        # samples its first token from them instead of recomputing its last prompt token.
+        want = [
+            {len(suffix) - 1} | {d.depth - 1 - s for d in t.derived if d.depth > s}
+            for (t, _), s, suffix in zip(todo, starts, suffixes, strict=True)
+        ]
         with mx.stream(gen.stream):
-            computed = kv.prefill(self.model, bases, suffixes, self.config.prefill_step_size)
+            computed = kv.prefill(self.model, bases, suffixes, self.config.prefill_step_size, want)
         pinned = []
-        for (w, key, _), suffix, (caches, logits) in zip(todo, suffixes, computed, strict=True):
-            entry = self.cache.add(key, caches, kv.nbytes(caches), needed_until=w.last, logits=logits, pin=True)
-            pinned.append((entry, w.last))
-            stats.warmups += 1
+        for (task, base), s, suffix, (caches, logits) in zip(todo, starts, suffixes, computed, strict=True):
+            key = key_of[task.node]
+            entry = self.cache.add(
+                key, caches, kv.nbytes(caches), needed_until=task.node.last, logits=logits[len(suffix) - 1], pin=True
+            )
+            pinned.append((entry, task.node.last))
+            for d in task.derived:
+                source = entry if d.depth > s or base is None else base.entry
+                pinned.append(self._derive(key_of[d], d.last, source, logits.get(d.depth - 1 - s)))
+            stats.warmups += 1 + len(task.derived)
             stats.warmup_tokens += len(suffix)
             stats.prefill_tokens += len(suffix)
             if self.disk is not None:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.generate import PromptProcessingBatch
+from mlx_lm.generate import _merge_caches, _right_pad_prompts
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 Caches = list[Any]
@@ -60,14 +60,17 @@ def nbytes(caches: Caches) -> int:
     return int(sum(c.nbytes for c in caches))
 
 
-def body_of(model: Any) -> Callable[..., Any]:
-    """The model without its output projection, when it has the usual `.model` body; else the whole model.
+# Models whose __call__ is `project(model.model(x))` with nothing in between (checked for mlx-lm 0.32.2):
+# for them a prefill runs the body alone and projects only the positions whose logits are wanted.
+SPLIT_HEAD_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 
-    Prefilling a prefix needs logits only after its last token; projecting every position onto the vocabulary
-    is wasted work (a large share of it for big vocabularies).
-    """
-    inner = getattr(model, "model", None)
-    return inner if callable(inner) else model
+
+def _projection(model: Any) -> Callable[[mx.array], mx.array] | None:
+    if getattr(model, "model_type", None) not in SPLIT_HEAD_MODEL_TYPES or not callable(getattr(model, "model", None)):
+        return None
+    if hasattr(model, "lm_head"):
+        return model.lm_head
+    return model.model.embed_tokens.as_linear
 
 
 def prefill(
@@ -75,24 +78,40 @@ def prefill(
     bases: Sequence[Caches | None],
     suffixes: Sequence[list[int]],
     step: int,
-) -> list[tuple[Caches, mx.array]]:
-    """Extend each base cache (None: empty) by its suffix, in one batch; return (caches, last logits) for each.
+    want: Sequence[set[int]],
+) -> list[tuple[Caches, dict[int, mx.array]]]:
+    """Extend each base cache (None: empty) by its suffix, all in one batch.
 
-    Every suffix has at least two tokens, or every suffix exactly one. Unequal lengths are right-padded by mlx-lm's
-    PromptProcessingBatch; only the last token of each goes through the output projection.
+    Returns, per sequence, its caches and the logits after each suffix position in `want` (0-based). Unequal
+    lengths are right-padded as mlx-lm's PromptProcessingBatch does. Only wanted positions are projected onto
+    the vocabulary where the model allows it: the rest of that work is wasted (a large share with big
+    vocabularies).
     """
     caches = [b if b is not None else make_prompt_cache(model) for b in bases]
-    batch = PromptProcessingBatch(body_of(model), uids=list(range(len(caches))), caches=caches, prefill_step_size=step)
-    heads = [s[:-1] for s in suffixes]
-    if any(heads):
-        if not all(heads):
-            raise ValueError("prefill: batch suffixes of one token apart from longer ones")
-        batch.prompt(heads)
-    logits = model(mx.array([[s[-1]] for s in suffixes]), cache=batch.prompt_cache)[:, -1, :]
-    mx.eval(logits, [c.state for c in batch.prompt_cache])
-    out = []
-    for i in range(len(suffixes)):
-        entry = [compact(c) for c in batch.extract_cache(i)]
-        mx.eval([c.state for c in entry])
-        out.append((entry, logits[i : i + 1]))
-    return out
+    batch = _merge_caches(caches)
+    lengths = [len(s) for s in suffixes]
+    longest = max(lengths)
+    padding = [longest - n for n in lengths]
+    tokens = _right_pad_prompts(list(suffixes), max_length=longest)
+    if max(padding):
+        for c in batch:
+            c.prepare(lengths=lengths, right_padding=padding)
+    project = _projection(model)
+    run = model.model if project is not None else model
+    logits: list[dict[int, mx.array]] = [{} for _ in suffixes]
+    for start in range(0, longest, step):
+        n = min(step, longest - start)
+        h = run(tokens[:, start : start + n], cache=batch)
+        picks = [(i, j) for i, ws in enumerate(want) for j in sorted(ws) if start <= j < start + n]
+        if picks:
+            rows = mx.stack([h[i, j - start] for i, j in picks])
+            rows = project(rows) if project is not None else rows
+            for k, (i, j) in enumerate(picks):
+                logits[i][j] = rows[k : k + 1]
+        mx.eval([c.state for c in batch], [v for d in logits for v in d.values()])
+    if max(padding):
+        for c in batch:
+            c.finalize()
+    out = [[c.extract(i) for c in batch] for i in range(len(suffixes))]
+    mx.eval([c.state for caches_i in out for c in caches_i])
+    return list(zip(out, logits, strict=True))

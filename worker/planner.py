@@ -94,16 +94,47 @@ def plan(keys: Sequence[bytes], min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKE
     return Plan(order=order, warmups=warmups, trie_min_tokens=trie_min, prompt_tokens=sum(lengths))
 
 
-def rounds(warmups: Sequence[WarmUp]) -> list[list[WarmUp]]:
-    """Split warm-ups into rounds that can each be computed as one batch: a warm-up nested inside another
-    (its ancestor in the trie) extends the ancestor's cache, so it comes in a later round."""
-    out: list[list[WarmUp]] = []
-    level: dict[WarmUp, int] = {}
-    for w in sorted(warmups, key=lambda w: (w.depth, w.first)):
-        parents = [level[p] for p in level if p.first <= w.first and w.last <= p.last and p.depth < w.depth]
-        lv = max(parents, default=-1) + 1
-        level[w] = lv
-        while len(out) <= lv:
-            out.append([])
-        out[lv].append(w)
-    return out
+@dataclass(frozen=True)
+class WarmupTask:
+    """Compute `node`'s prefix in one pass; each of `derived` (ancestors on a single-child chain above it,
+    shallow first) is taken from the same pass as a shorter view, with the logits at its end."""
+
+    node: WarmUp
+    derived: tuple[WarmUp, ...] = ()
+
+
+def warmup_rounds(warmups: Sequence[WarmUp], *, fold_chains: bool = True) -> list[list[WarmupTask]]:
+    """Plan how to compute a set of warm-ups in as few passes as possible, each round one batch.
+
+    Nested warm-ups form a forest. A node with two or more nested warm-ups is computed on its own, so its
+    tokens are computed once for all of them; a node with exactly one is folded into that one's pass (its
+    cache is a prefix of the deeper one's; needs trimmable caches, else `fold_chains=False`). Rounds order
+    passes so each starts from a cached ancestor.
+    """
+    ws = sorted(set(warmups), key=lambda w: (w.first, w.depth))
+    parent: dict[WarmUp, WarmUp | None] = {}
+    stack: list[WarmUp] = []
+    for w in ws:  # sorted by (first, depth): enclosing intervals come first
+        while stack and not (stack[-1].first <= w.first and w.last <= stack[-1].last and stack[-1].depth < w.depth):
+            stack.pop()
+        parent[w] = stack[-1] if stack else None
+        stack.append(w)
+    children: dict[WarmUp, list[WarmUp]] = {w: [] for w in ws}
+    for w, p in parent.items():
+        if p is not None:
+            children[p].append(w)
+    computed = [w for w in ws if len(children[w]) != 1 or not fold_chains]
+    round_of: dict[WarmUp, int] = {}
+    tasks: list[list[WarmupTask]] = []
+    for w in sorted(computed, key=lambda w: w.depth):
+        derived = []
+        p = parent[w]
+        while p is not None and len(children[p]) == 1 and fold_chains:
+            derived.append(p)
+            p = parent[p]
+        lv = round_of[p] + 1 if p is not None else 0
+        round_of[w] = lv
+        while len(tasks) <= lv:
+            tasks.append([])
+        tasks[lv].append(WarmupTask(w, tuple(reversed(derived))))
+    return tasks

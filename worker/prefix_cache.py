@@ -98,7 +98,9 @@ class PrefixCache:
                 use = shared
             else:
                 continue
-            if use >= self.bucket_tokens and (best is None or use > best.length):
+            # Among equal matches prefer an entry that ends exactly there: it may carry the logits after it.
+            better = best is None or use > best.length or (use == best.length and entry.tokens == use)
+            if use >= self.bucket_tokens and better:
                 best = Match(entry, use)
         if count:
             if best is None:
