@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/submit.py                      # 100k lines, SQLite, plus the CLI against Redis db 12
     .venv/bin/python bench/submit.py --lines 20000 --no-cli
+    .venv/bin/python bench/submit.py --repeat 3           # best of 3, for a busy shared machine
     .venv/bin/python bench/submit.py --db-url postgresql+psycopg://postgres@127.0.0.1:5432/test
 
 Targets (the issue's): submit and export of a 100k-line file each in at most 10 s and 200 MB peak RSS.
@@ -278,13 +279,13 @@ def _pg_schema_url(url: str) -> tuple[str, Any]:
     return f"{url}{sep}options=-csearch_path%3D{schema}", drop
 
 
-def bench_store(label: str, db_url: str, input_path: Path, work: Path) -> list[Measured]:
+def bench_store(label: str, db_url: str, input_path: Path, work: Path, run: int) -> list[Measured]:
     """submit -> complete (setup, not a target) -> export, each in a fresh process."""
     me = [_python(), str(HERE), "_phase"]
     sub = measure(f"submit ({label})", [*me, "submit", db_url, str(input_path)])
     job_id = sub.info["job_id"]
     done = measure(f"  mark completed ({label})", [*me, "complete", db_url, job_id], checked=False)
-    out_dir = work / f"out-{label}"
+    out_dir = work / f"out-{label}-{run}"
     out_dir.mkdir()
     exp = measure(f"export ({label})", [*me, "export", db_url, job_id, str(out_dir)])
     lines = sum(1 for _ in (out_dir / "output.jsonl").open()) + sum(1 for _ in (out_dir / "errors.jsonl").open())
@@ -307,7 +308,7 @@ def _check_order(path: Path) -> None:
             last = idx
 
 
-def bench_cli(input_path: Path, work: Path, redis_url: str) -> list[Measured]:
+def bench_cli(input_path: Path, work: Path, redis_url: str, run: int) -> list[Measured]:
     """The real `omlx-jobs submit` (Redis + SQLite) and `omlx-jobs results`, under -X importtime."""
     import redis
     from rq import Queue
@@ -321,7 +322,7 @@ def bench_cli(input_path: Path, work: Path, redis_url: str) -> list[Measured]:
     if conn.connection_pool.connection_kwargs.get("db", 0) == 0:
         _abort("the benchmark does not write to Redis db 0; pass --redis-url .../12")
     queue = f"omlx-bench-{uuid.uuid4().hex[:8]}"
-    db = work / "cli.db"
+    db = work / f"cli-{run}.db"
     env = {**os.environ, "OMLX_JOBS_REDIS_URL": redis_url}
     py = [_python(), "-X", "importtime", str(HERE), "_cli"]
     try:
@@ -336,7 +337,7 @@ def bench_cli(input_path: Path, work: Path, redis_url: str) -> list[Measured]:
     sub.info = {"job_id": job_id, **{k: v for k, v in sub.info.items() if k != "stdout"}}
     me = [_python(), str(HERE), "_phase"]
     done = measure("  mark completed (cli)", [*me, "complete", f"sqlite:///{db}", job_id], checked=False)
-    out = work / "cli-output.jsonl"
+    out = work / f"cli-output-{run}.jsonl"
     res = measure("cli results", [*py, "results", job_id, "-o", str(out), "--db", str(db)], env)
     res.info["lines_on_disk"] = sum(1 for _ in out.open())
     if res.info["lines_on_disk"] != done.info["completed"] + done.info["failed"]:
@@ -344,8 +345,22 @@ def bench_cli(input_path: Path, work: Path, redis_url: str) -> list[Measured]:
     return [sub, done, res]
 
 
-def report(rows: list[Measured], lines: int, size: int, load: str) -> bool:
+def best_of(runs: list[list[Measured]]) -> list[Measured]:
+    """Per phase, the fastest run's times and the highest peak RSS seen: a busy machine only ever adds time."""
+    best: dict[str, Measured] = {}
+    for m in (m for rows in runs for m in rows):
+        seen = best.setdefault(m.name, m)
+        if m.seconds < seen.seconds:
+            best[m.name] = Measured(m.name, m.seconds, m.cpu_seconds, max(m.rss_mb, seen.rss_mb), m.info, m.checked)
+        else:
+            seen.rss_mb = max(seen.rss_mb, m.rss_mb)
+    return list(best.values())
+
+
+def report(rows: list[Measured], lines: int, size: int, load: str, repeat: int) -> bool:
     print(f"\n{lines:,} lines, {size / 1e6:.1f} MB input; targets: <= {TARGET_SECONDS:g} s, <= {TARGET_RSS_MB:g} MB")
+    if repeat > 1:
+        print(f"best of {repeat} runs per phase (peak RSS: the highest of the runs)")
     print(f"load average before the run: {load} (wall time suffers when other processes hold the cores)")
     print(f"{'phase':<28} {'wall s':>8} {'cpu s':>7} {'peak RSS MB':>12} {'target':>8}  notes")
     all_ok = True
@@ -386,6 +401,7 @@ def main() -> None:
         "--redis-url", default=DEFAULT_REDIS_URL, help=f"Redis for the CLI phases (default {DEFAULT_REDIS_URL})"
     )
     ap.add_argument("--no-cli", action="store_true", help="skip the real `omlx-jobs submit/results` phases")
+    ap.add_argument("--repeat", type=int, default=1, help="run every phase N times, report the fastest (default 1)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (input, databases, outputs)")
     args = ap.parse_args()
 
@@ -395,16 +411,24 @@ def main() -> None:
     try:
         input_path = work / "input.jsonl"
         size = write_input(input_path, args.lines)
-        rows = bench_store("sqlite", f"sqlite:///{work / 'bench.db'}", input_path, work)
+        stores = [("sqlite", "")]
         for i, url in enumerate(args.db_url):
             backend = url.split(":", 1)[0].split("+", 1)[0]
             if backend == "postgresql":
                 url, drop = _pg_schema_url(url)
                 cleanups.append(drop)
-            rows += bench_store(backend + (f"-{i}" if i else ""), url, input_path, work)
-        if not args.no_cli:
-            rows += bench_cli(input_path, work, args.redis_url)
-        ok = report(rows, args.lines, size, load)
+            stores.append((backend + (f"-{i}" if i else ""), url))
+        runs = []
+        for run in range(args.repeat):
+            rows = []
+            for label, url in stores:
+                url = url or f"sqlite:///{work / f'bench-{run}.db'}"  # a fresh SQLite file every run
+                rows += bench_store(label, url, input_path, work, run)
+            if not args.no_cli:
+                rows += bench_cli(input_path, work, args.redis_url, run)
+            runs.append(rows)
+        rows = best_of(runs)
+        ok = report(rows, args.lines, size, load, args.repeat)
     finally:
         for drop in cleanups:
             drop()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from omlx_jobs.jobs.output import output_lines
+from omlx_jobs.jobs.output import OUTPUT_COLUMNS, output_lines
 from omlx_jobs.store import Store
 
 
@@ -63,7 +63,7 @@ def write_results(
     ok = False
     try:
         counts.pending = store.counts(job_id).pending
-        for line, is_error in output_lines(store.iter_requests(job_id), job_id, job.model):
+        for line, is_error in output_lines(store.iter_requests(job_id, columns=OUTPUT_COLUMNS), job_id, job.model):
             (err_fh if is_error else out_fh).write(line + "\n")
             if is_error:
                 counts.errors += 1

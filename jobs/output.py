@@ -13,6 +13,28 @@ from omlx_jobs.jobs.formats import CHAT_URL
 SERVER_ERROR_CODES = frozenset({"server_error", "engine_error", "too_many_attempts", "worker_lost", "timeout"})
 
 
+# The request columns an output line reads: export asks the store for these only (never the prompt bodies).
+OUTPUT_COLUMNS = (
+    "id",
+    "idx",
+    "custom_id",
+    "endpoint",
+    "status",
+    "output_text",
+    "more_choices",
+    "finish_reason",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "error_code",
+    "error_message",
+    "finished_at",
+)
+
+# One encoder for every line: json.dumps with options builds a new one per call.
+_encode = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def _usage(row: Any) -> dict[str, Any]:
     prompt = row.prompt_tokens or 0
     completion = row.completion_tokens or 0
@@ -25,9 +47,10 @@ def _usage(row: Any) -> dict[str, Any]:
 
 
 def _choices(row: Any) -> list[tuple[str, str | None]]:
-    first = [(row.output_text or "", row.finish_reason)]
-    more = [(c.get("text", ""), c.get("finish_reason")) for c in (row.more_choices or [])]
-    return first + more
+    first = (row.output_text or "", row.finish_reason)
+    if not row.more_choices:
+        return [first]
+    return [first, *((c.get("text", ""), c.get("finish_reason")) for c in row.more_choices)]
 
 
 def response_body(row: Any, model: str) -> dict[str, Any]:
@@ -123,4 +146,4 @@ def output_lines(rows: Iterable[Any], job_id: str, model: str) -> Iterator[tuple
         if row.status == "pending":
             continue
         obj, is_error = output_line(row, job_id, model)
-        yield json.dumps(obj, ensure_ascii=False), is_error
+        yield _encode(obj), is_error

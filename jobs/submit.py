@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from queue import Queue
 from typing import IO, Any
 
 from omlx_jobs.jobs import lifecycle
@@ -36,6 +38,51 @@ class EmptyInput(ValueError):
     pass
 
 
+class _ChunkWriter:
+    """Stores chunks of rows in order. For a database server it does so on a second thread, so parsing the next
+    chunk overlaps the server's work on this one (PostgreSQL spends about as long on a COPY as we spend parsing
+    its lines). SQLite writes inline: its work is ours too, and an in-memory database is per thread.
+
+    At most `depth` chunks wait, so memory stays bounded. A failed insert surfaces at the next `put` or at
+    `check`; the chunks after it are dropped.
+    """
+
+    def __init__(self, store: Store, depth: int = 2) -> None:
+        self._store = store
+        self._error: BaseException | None = None
+        self._chunks: Queue[list[dict[str, Any]] | None] = Queue(maxsize=depth)
+        self._thread: threading.Thread | None = None
+        if not store.is_sqlite:
+            self._thread = threading.Thread(target=self._run, name="omlx-submit-writer", daemon=True)
+            self._thread.start()
+
+    def put(self, rows: list[dict[str, Any]]) -> None:
+        self.check()
+        if self._thread is None:
+            self._store.add_requests(rows)
+        else:
+            self._chunks.put(rows)
+
+    def close(self) -> None:
+        """Wait until every chunk handed over is stored (or dropped after an error). Never raises."""
+        if self._thread is not None:
+            self._chunks.put(None)
+            self._thread.join()
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        while (rows := self._chunks.get()) is not None:
+            if self._error is not None:
+                continue  # keep draining, so `put` never blocks on a dead writer
+            try:
+                self._store.add_requests(rows)
+            except BaseException as exc:
+                self._error = exc
+
+
 def load_job(
     store: Store,
     source: Path | IO[bytes],
@@ -55,10 +102,13 @@ def load_job(
     store.create_job(job_id, model, queue=queue, input_file=name, options={"skip_invalid": skip_invalid})
     result = LoadResult(job_id)
     rows: list[dict[str, Any]] = []
+    writer = _ChunkWriter(store)
 
     def flush() -> None:
-        store.add_requests(rows)
-        rows.clear()
+        nonlocal rows
+        if rows:
+            writer.put(rows)
+            rows = []
         if on_progress:
             on_progress(result.total)
 
@@ -92,8 +142,10 @@ def load_job(
                 flush()
         flush()
     finally:
+        writer.close()
         if stream is not source:
             stream.close()
+    writer.check()
 
     if result.valid + result.invalid == 0:
         result.errors.append(InputError(0, "the file holds no requests", code="empty_file"))
