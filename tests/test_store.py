@@ -121,3 +121,35 @@ def test_request_statuses_are_final_once_set(store_url: str) -> None:
     assert not store.record_failure(ids[0], "x", "again")
     assert store.cancel_pending(job) == 1
     assert set(store.request_statuses(job).values()) == {RequestStatus.FAILED, RequestStatus.CANCELLED}
+
+
+def test_retry_never_revives_invalid_input_lines(store_url: str) -> None:
+    store = Store(store_url)
+    store.create_job("batch_bad", "m")
+    store.add_requests(
+        [
+            {
+                "job_id": "batch_bad",
+                "idx": 0,
+                "line": 1,
+                "custom_id": "ok",
+                "endpoint": "/v1/completions",
+                "body": {"prompt": "p"},
+            },
+            {
+                "job_id": "batch_bad",
+                "idx": 1,
+                "line": 2,
+                "custom_id": "line-2",
+                "endpoint": "",
+                "body": None,
+                "status": RequestStatus.FAILED,
+                "error_code": "invalid_json",
+                "error_message": "bad",
+            },
+        ]
+    )
+    (ok,) = store.pending_requests("batch_bad")
+    store.record_failure(ok.id, "engine_error", "boom")
+    assert store.reset_for_retry("batch_bad") == 1  # only the request that ran
+    assert store.request_statuses("batch_bad") == {"ok": "pending", "line-2": "failed"}
