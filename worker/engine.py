@@ -21,8 +21,9 @@ from omlx_jobs.jobs.formats import SamplingParams
 from omlx_jobs.worker import kv, planner
 from omlx_jobs.worker.disk_cache import DiskCache
 from omlx_jobs.worker.model import LoadedModel, PromptError
-from omlx_jobs.worker.prefix_cache import DEFAULT_CACHE_MEMORY, Entry, Match, PrefixCache
+from omlx_jobs.worker.prefix_cache import DEFAULT_CACHE_MEMORY, Entry, PrefixCache
 from omlx_jobs.worker.sampling import SamplerFactory
+from omlx_jobs.worker.warmup import WarmUps, WarmupStats
 
 
 class Control(enum.Enum):
@@ -144,6 +145,15 @@ class Engine:
             if self.config.cache_dir and self.config.prefix_cache and self.reusable
             else None
         )
+        self.warmups = WarmUps(
+            self.model,
+            self.cache,
+            self.disk,
+            trimmable=self.trimmable,
+            batch_size=self.config.prefill_batch_size,
+            step=self.config.prefill_step_size,
+            min_tokens=self.config.min_shared_tokens,
+        )
         self.samplers = SamplerFactory()
         self._last_view: tuple[Entry, int, list[Any]] | None = None
         self.eos = [] if self.config.ignore_eos else sorted(self.tokenizer.eos_token_ids)
@@ -182,6 +192,7 @@ class Engine:
         on_admit gets the keys of items about to start (once per refill); on_plan the planned totals.
         """
         started = time.perf_counter()
+        self.warmups.stats = WarmupStats()
         stats = RunStats(
             cache_hits_before=self.cache.stats.hits,
             cache_misses_before=self.cache.stats.misses,
@@ -234,8 +245,8 @@ class Engine:
                         upcoming.append(warmups[next_w])
                         next_w += 1
                     if upcoming:
-                        pinned += self._ensure_warmups(
-                            [(w, keys[the_plan.order[w.first]][: w.depth * 4]) for w in upcoming], gen, stats
+                        pinned += self.warmups.ensure(
+                            [(w, keys[the_plan.order[w.first]][: w.depth * 4]) for w in upcoming], gen.stream
                         )
                 for s in batch:
                     self.cache.advance(pos)
@@ -278,6 +289,10 @@ class Engine:
             for entry, _ in pinned:
                 self.cache.unpin(entry)
             self.cache.evict_to_fit()
+        warm = self.warmups.stats
+        stats.warmups, stats.warmup_tokens, stats.warmup_seconds = warm.warmups, warm.tokens, warm.seconds
+        stats.disk_hits = warm.disk_hits
+        stats.prefill_tokens += warm.tokens
         stats.unfinished = [items[i].key for i in range(len(items)) if i not in states or states[i].remaining]
         stats.seconds = time.perf_counter() - started
         return stats
@@ -378,108 +393,6 @@ class Engine:
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         tok = sampler(logprobs) if sampler is not None else mx.argmax(logprobs, axis=-1)
         return int(tok.item())
-
-    # ---- warm-ups ----------------------------------------------------------------------------------
-
-    def _ensure_warmups(
-        self, wanted: list[tuple[planner.WarmUp, bytes]], gen: BatchGenerator, stats: RunStats
-    ) -> list[tuple[Entry, int]]:
-        """Make sure each warm-up's prefix is cached, computing only what no entry (memory or disk) holds.
-
-        Passes run in batches of prefill_batch_size; a chain of nested warm-ups is one pass (see
-        planner.warmup_rounds). Every entry is pinned until its group is admitted; returns (entry, last).
-        """
-        key_of = dict(wanted)
-        pinned: list[tuple[Entry, int]] = []
-        for round_ in planner.warmup_rounds(list(key_of), fold_chains=self.trimmable):
-            todo: list[tuple[planner.WarmupTask, Match | None]] = []
-            for task in round_:
-                got = self._cached_prefix(key_of[task.node], task.node.last, stats)
-                if isinstance(got, Entry):
-                    pinned.append((got, task.node.last))
-                    pinned += [self._derive(key_of[d], d.last, got, None) for d in task.derived]
-                else:
-                    todo.append((task, got))
-            todo.sort(key=lambda t: len(key_of[t[0].node]) - 4 * (t[1].length if t[1] else 0))
-            for i in range(0, len(todo), self.config.prefill_batch_size):
-                pinned += self._compute_warmups(todo[i : i + self.config.prefill_batch_size], key_of, gen, stats)
-        return pinned
-
-    def _derive(self, key: bytes, last: int, source: Entry, logits: mx.array | None) -> tuple[Entry, int]:
-        """The entry for prefix `key` of `source` (an existing entry if there is one), pinned until `last`."""
-        entry = self.cache.get(key)
-        if entry is not None:
-            entry.needed_until = max(entry.needed_until, last)
-            self.cache.pin(entry)
-            return entry, last
-        caches = kv.view(source.value, source.tokens, len(key) // 4)
-        return self.cache.add(key, caches, kv.nbytes(caches), needed_until=last, logits=logits, pin=True), last
-
-    def _cached_prefix(self, key: bytes, last: int, stats: RunStats) -> Entry | Match | None:
-        """The entry holding exactly `key` (an Entry, pinned), else the best base to extend (a Match, or None)."""
-        entry = self.cache.get(key)
-        if entry is not None:
-            entry.needed_until = max(entry.needed_until, last)
-            self.cache.pin(entry)
-            return entry
-        depth = len(key) // 4
-        base = self.cache.lookup(key, limit=depth, count=False)
-        if self.disk is not None:
-            found = self.disk.best_prefix(key, trimmable=self.trimmable, min_tokens=self.config.min_shared_tokens)
-            if found is not None and (base is None or min(found[1], depth) > base.length):
-                loaded = self.disk.load(found[0])
-                if loaded is not None:
-                    stats.disk_hits += 1
-                    disk_entry = self.cache.add(found[0], loaded, kv.nbytes(loaded), needed_until=last)
-                    base = Match(disk_entry, min(found[1], depth))
-        if base is not None and base.length == depth:
-            if base.entry.tokens == depth:
-                base.entry.needed_until = max(base.entry.needed_until, last)
-                self.cache.pin(base.entry)
-                return base.entry
-            # A longer entry holds this prefix: keep its first `depth` tokens as an entry of their own.
-            caches = kv.extendable(base.entry.value, base.entry.tokens, depth)
-            return self.cache.add(key, caches, kv.nbytes(caches), needed_until=last, pin=True)
-        return base
-
-    def _compute_warmups(
-        self,
-        todo: list[tuple[planner.WarmupTask, Match | None]],
-        key_of: dict[planner.WarmUp, bytes],
-        gen: BatchGenerator,
-        stats: RunStats,
-    ) -> list[tuple[Entry, int]]:
-        if not todo:
-            return []
-        tic = time.perf_counter()
-        starts = [b.length if b else 0 for _, b in todo]
-        bases = [kv.extendable(b.entry.value, b.entry.tokens, b.length) if b else None for _, b in todo]
-        suffixes = [planner.key_tokens(key_of[t.node])[s:] for (t, _), s in zip(todo, starts, strict=True)]
-        # Logits after the node and after each folded ancestor: a request whose whole prompt ends there
-        # samples its first token from them instead of recomputing its last prompt token.
-        want = [
-            {len(suffix) - 1} | {d.depth - 1 - s for d in t.derived if d.depth > s}
-            for (t, _), s, suffix in zip(todo, starts, suffixes, strict=True)
-        ]
-        with mx.stream(gen.stream):
-            computed = kv.prefill(self.model, bases, suffixes, self.config.prefill_step_size, want)
-        pinned = []
-        for (task, base), s, suffix, (caches, logits) in zip(todo, starts, suffixes, computed, strict=True):
-            key = key_of[task.node]
-            entry = self.cache.add(
-                key, caches, kv.nbytes(caches), needed_until=task.node.last, logits=logits[len(suffix) - 1], pin=True
-            )
-            pinned.append((entry, task.node.last))
-            for d in task.derived:
-                source = entry if d.depth > s or base is None else base.entry
-                pinned.append(self._derive(key_of[d], d.last, source, logits.get(d.depth - 1 - s)))
-            stats.warmups += 1 + len(task.derived)
-            stats.warmup_tokens += len(suffix)
-            stats.prefill_tokens += len(suffix)
-            if self.disk is not None:
-                self.disk.save(key, caches)
-        stats.warmup_seconds += time.perf_counter() - tic
-        return pinned
 
     # ---- finishing ---------------------------------------------------------------------------------
 
