@@ -5,22 +5,16 @@ Every write is its own short transaction, so a result is durable the moment `rec
 
 from __future__ import annotations
 
-import functools
-import json
 import os
 import time
-from collections import namedtuple
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import (
-    Connection,
     Engine,
-    Text,
     and_,
-    bindparam,
     case,
     create_engine,
     delete,
@@ -31,8 +25,10 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 
+from omlx_jobs.store import statements as st
+from omlx_jobs.store.errors import JobNotFound, StoreError, retrying, safe_url
 from omlx_jobs.store.models import FINAL_REQUEST_STATUSES, Base, Job, Request, RequestStatus
 
 P = ParamSpec("P")
@@ -40,14 +36,6 @@ T = TypeVar("T")
 
 DB_FILENAME = "omlx-jobs.db"
 _LOCK_RETRIES = 8
-
-
-class StoreError(RuntimeError):
-    """The database refused a write or read in a way the user must fix (disk full, read-only, unreachable)."""
-
-
-class JobNotFound(StoreError):
-    """No job with this id."""
 
 
 def data_dir() -> Path:
@@ -72,55 +60,6 @@ def default_database_url(db_path: str | os.PathLike[str] | None = None) -> str:
 def open_store(url: str | None = None, db_path: str | os.PathLike[str] | None = None) -> Store:
     """Open (and create if needed) the store at `url`, or the default location."""
     return Store(url or default_database_url(db_path))
-
-
-def _friendly(exc: SQLAlchemyError, url: str) -> StoreError:
-    text = str(getattr(exc, "orig", exc) or exc)
-    low = text.lower()
-    if "readonly" in low or "read-only" in low or "read only" in low:
-        hint = "the database is read-only: check the file's permissions, or point --db elsewhere"
-    elif ("disk" in low and ("full" in low or "space" in low)) or "no space" in low:
-        hint = "the disk is full: free space, then run the command again (nothing finished is lost)"
-    elif "locked" in low or "busy" in low:
-        hint = "the database stayed locked: another process holds a long write; try again"
-    elif "unable to open" in low or "could not connect" in low or "connection refused" in low:
-        hint = "the database cannot be opened: check --db / OMLX_JOBS_DATABASE_URL and that the server runs"
-    else:
-        hint = "database error"
-    return StoreError(f"{hint} ({_safe_url(url)}): {text.splitlines()[0] if text else type(exc).__name__}")
-
-
-def _safe_url(url: str) -> str:
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return url
-
-
-def _retrying(fn: Callable[P, T]) -> Callable[P, T]:
-    """Retry SQLite 'database is locked' past the busy timeout, then raise a StoreError that says what to do."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        store = args[0]
-        assert isinstance(store, Store)
-        delay = 0.05
-        for attempt in range(_LOCK_RETRIES):
-            try:
-                return fn(*args, **kwargs)
-            except OperationalError as exc:
-                locked = "locked" in str(exc).lower() or "busy" in str(exc).lower()
-                if not locked or attempt == _LOCK_RETRIES - 1:
-                    raise _friendly(exc, store.url) from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
-            except StoreError:
-                raise
-            except SQLAlchemyError as exc:
-                raise _friendly(exc, store.url) from exc
-        raise AssertionError("unreachable")
-
-    return wrapper
 
 
 @dataclass(frozen=True)
@@ -176,81 +115,6 @@ class PendingRequest:
 
 
 _JOB_COLUMNS = [c.name for c in Job.__table__.columns]
-_REQUEST_INSERT_FIELDS = (
-    "job_id",
-    "idx",
-    "line",
-    "custom_id",
-    "endpoint",
-    "body",
-    "status",
-    "error_code",
-    "error_message",
-    "created_at",
-    "finished_at",
-    "attempts",
-)
-
-
-# Bodies arrive as JSON text (see _request_values), so the insert binds them as plain text.
-_INSERT_PARAM_NAMES = tuple("body_json" if f == "body" else f for f in _REQUEST_INSERT_FIELDS)
-_INSERT_REQUESTS = insert(Request).values(body=bindparam("body_json", type_=Text))
-_SQLITE_INSERT_REQUESTS = (
-    f"INSERT INTO {Request.__tablename__} ({', '.join(_REQUEST_INSERT_FIELDS)}) "
-    f"VALUES ({', '.join('?' for _ in _REQUEST_INSERT_FIELDS)})"
-)
-_COPY_REQUESTS = f"COPY {Request.__tablename__} ({', '.join(_REQUEST_INSERT_FIELDS)}) FROM STDIN"
-
-
-def _request_values(row: dict[str, Any], now: float) -> tuple[Any, ...]:
-    """One row as a tuple in _REQUEST_INSERT_FIELDS order, defaults filled in and the body as JSON text."""
-    body = row.get("body")
-    return (
-        row["job_id"],
-        row["idx"],
-        row["line"],
-        row["custom_id"],
-        row["endpoint"],
-        None if body is None else json.dumps(body),
-        row.get("status") or RequestStatus.PENDING,
-        row.get("error_code"),
-        row.get("error_message"),
-        row.get("created_at") or now,
-        row.get("finished_at"),
-        row.get("attempts") or 0,
-    )
-
-
-def _copy_requests(conn: Connection, values: list[tuple[Any, ...]]) -> None:
-    """COPY rows in, in the connection's open transaction: an INSERT per row costs a round trip each."""
-    dbapi = conn.dialect.loaded_dbapi
-    try:
-        with conn.connection.driver_connection.cursor() as cur, cur.copy(_COPY_REQUESTS) as copy:
-            for v in values:
-                copy.write_row(v)
-    except dbapi.Error as exc:
-        # Wrapped like SQLAlchemy's own errors, so _retrying turns them into a StoreError.
-        raise DBAPIError.instance(_COPY_REQUESTS, None, exc, dbapi.Error) from exc
-
-
-# Built once: constructing an UPDATE per result costs more than running it.
-_COMPLETE = (
-    update(Request)
-    .where(Request.id == bindparam("rid"), Request.status == RequestStatus.PENDING)
-    .values(
-        status=RequestStatus.COMPLETED,
-        output_text=bindparam("output_text"),
-        more_choices=bindparam("more_choices", type_=Request.__table__.c.more_choices.type),
-        finish_reason=bindparam("finish_reason"),
-        prompt_tokens=bindparam("prompt_tokens"),
-        cached_tokens=bindparam("cached_tokens"),
-        completion_tokens=bindparam("completion_tokens"),
-        error_code=None,
-        error_message=None,
-        started_at=func.coalesce(Request.started_at, bindparam("started")),
-        finished_at=bindparam("finished_at"),
-    )
-)
 
 
 class Store:
@@ -271,12 +135,12 @@ class Store:
         try:
             self.engine: Engine = create_engine(url, **kwargs)
         except (SQLAlchemyError, ImportError) as exc:
-            raise StoreError(f"cannot open the database {_safe_url(url)}: {exc}") from exc
+            raise StoreError(f"cannot open the database {safe_url(url)}: {exc}") from exc
         if self.is_sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._create_tables()
 
-    @_retrying
+    @retrying
     def _create_tables(self) -> None:
         Base.metadata.create_all(self.engine)
 
@@ -285,7 +149,7 @@ class Store:
 
     # ---- jobs -------------------------------------------------------------------------------------
 
-    @_retrying
+    @retrying
     def create_job(
         self,
         job_id: str,
@@ -316,23 +180,23 @@ class Store:
                 )
             )
 
-    @_retrying
+    @retrying
     def get_job(self, job_id: str) -> JobInfo:
         with self.engine.connect() as conn:
             row = conn.execute(select(Job.__table__).where(Job.id == job_id)).mappings().first()
         if row is None:
-            raise JobNotFound(f"no job {job_id!r} in {_safe_url(self.url)}: run `omlx-jobs jobs` to list jobs")
+            raise JobNotFound(f"no job {job_id!r} in {safe_url(self.url)}: run `omlx-jobs jobs` to list jobs")
         data = dict(row)
         data["options"] = data.get("options") or {}
         return JobInfo(**data)
 
-    @_retrying
+    @retrying
     def list_jobs(self, limit: int = 50) -> list[JobInfo]:
         with self.engine.connect() as conn:
             rows = conn.execute(select(Job.__table__).order_by(Job.created_at.desc()).limit(limit)).mappings()
             return [JobInfo(**{**dict(r), "options": r["options"] or {}}) for r in rows]
 
-    @_retrying
+    @retrying
     def update_job(self, job_id: str, **fields: Any) -> None:
         unknown = set(fields) - set(_JOB_COLUMNS)
         if unknown:
@@ -340,7 +204,7 @@ class Store:
         with self.engine.begin() as conn:
             conn.execute(update(Job).where(Job.id == job_id).values(**fields))
 
-    @_retrying
+    @retrying
     def transition(self, job_id: str, to_status: str, *, only_from: Iterable[str] | None = None) -> bool:
         """Set the job's status (and its `<status>_at` timestamp) if it is in `only_from`. True if changed."""
         values: dict[str, Any] = {"status": to_status}
@@ -353,7 +217,7 @@ class Store:
         with self.engine.begin() as conn:
             return conn.execute(stmt.values(**values)).rowcount > 0
 
-    @_retrying
+    @retrying
     def add_job_stats(self, job_id: str, *, peak_bytes: int = 0, **deltas: int) -> None:
         """Add prefix-accounting deltas (prefill_tokens, trie_min_tokens, cache_*) to the job atomically."""
         values: dict[str, Any] = {}
@@ -372,9 +236,9 @@ class Store:
 
     # ---- requests: writing ---------------------------------------------------------------------
 
-    @_retrying
+    @retrying
     def add_requests(self, rows: list[dict[str, Any]]) -> None:
-        """Insert a chunk of request rows (dicts with _REQUEST_INSERT_FIELDS) in one transaction.
+        """Insert a chunk of request rows (dicts with st.REQUEST_INSERT_FIELDS) in one transaction.
 
         Bodies are serialized here, once; a missing body (an invalid input line) is stored as SQL NULL, not
         JSON null, so `reset_for_retry` can leave those lines out. SQLite gets a plain executemany and PostgreSQL
@@ -383,22 +247,22 @@ class Store:
         if not rows:
             return
         now = time.time()
-        values = [_request_values(r, now) for r in rows]
+        values = [st.request_values(r, now) for r in rows]
         with self.engine.begin() as conn:
             # The fast paths skip SQLAlchemy's per-row parameter processing, the bulk of a Core executemany.
             if self.is_sqlite:
-                conn.exec_driver_sql(_SQLITE_INSERT_REQUESTS, values)
+                conn.exec_driver_sql(st.SQLITE_INSERT_REQUESTS, values)
             elif conn.dialect.driver == "psycopg":
-                _copy_requests(conn, values)
+                st.copy_requests(conn, values)
             else:
-                conn.execute(_INSERT_REQUESTS, [dict(zip(_INSERT_PARAM_NAMES, v, strict=True)) for v in values])
+                conn.execute(st.INSERT_REQUESTS, [dict(zip(st.INSERT_PARAM_NAMES, v, strict=True)) for v in values])
 
-    @_retrying
+    @retrying
     def delete_requests(self, job_id: str) -> None:
         with self.engine.begin() as conn:
             conn.execute(delete(Request).where(Request.job_id == job_id))
 
-    @_retrying
+    @retrying
     def mark_started(self, request_ids: list[int]) -> None:
         """Count an attempt for each request about to run."""
         if not request_ids:
@@ -416,7 +280,7 @@ class Store:
         """Store one finished request (see record_completions)."""
         return self.record_completions([{"id": request_id, **fields}]) == 1
 
-    @_retrying
+    @retrying
     def record_completions(self, results: list[dict[str, Any]]) -> int:
         """Store finished requests in one transaction; returns how many were stored.
 
@@ -429,7 +293,7 @@ class Store:
         with self.engine.begin() as conn:
             for r in results:
                 stored += conn.execute(
-                    _COMPLETE,
+                    st.COMPLETE,
                     {
                         "rid": r["id"],
                         "output_text": r["output_text"],
@@ -444,7 +308,7 @@ class Store:
                 ).rowcount
         return stored
 
-    @_retrying
+    @retrying
     def record_failure(self, request_id: int, code: str, message: str, *, prompt_tokens: int | None = None) -> bool:
         """Mark a pending request failed with a typed error code."""
         with self.engine.begin() as conn:
@@ -461,7 +325,7 @@ class Store:
             )
             return res.rowcount > 0
 
-    @_retrying
+    @retrying
     def record_error_note(self, request_id: int, code: str, message: str) -> None:
         """Note a transient error on a request that stays pending (it will be retried)."""
         with self.engine.begin() as conn:
@@ -471,7 +335,7 @@ class Store:
                 .values(error_code=code, error_message=message)
             )
 
-    @_retrying
+    @retrying
     def cancel_pending(self, job_id: str, request_ids: list[int] | None = None) -> int:
         """Mark pending requests of a job (or just `request_ids`) cancelled; returns how many."""
         now = time.time()
@@ -486,7 +350,7 @@ class Store:
                 ).rowcount
             return total
 
-    @_retrying
+    @retrying
     def reset_for_retry(self, job_id: str, *, include_cancelled: bool = False) -> int:
         """Put failed (and optionally cancelled) requests back to pending, except invalid input lines."""
         statuses = [RequestStatus.FAILED] + ([RequestStatus.CANCELLED] if include_cancelled else [])
@@ -510,7 +374,7 @@ class Store:
 
     # ---- requests: reading ---------------------------------------------------------------------
 
-    @_retrying
+    @retrying
     def pending_requests(self, job_id: str, start: int = 0, end: int | None = None) -> list[PendingRequest]:
         """Requests of the shard [start, end) that have no final result yet, in input order."""
         cond = [Request.job_id == job_id, Request.status == RequestStatus.PENDING, Request.idx >= start]
@@ -529,7 +393,7 @@ class Store:
             rows = conn.execute(select(*cols).where(and_(*cond)).order_by(Request.idx))
             return [PendingRequest(*r) for r in rows]
 
-    @_retrying
+    @retrying
     def counts(self, job_id: str) -> JobCounts:
         with self.engine.connect() as conn:
             rows = conn.execute(
@@ -574,21 +438,21 @@ class Store:
         """
         table = Request.__table__
         cols = [table.c[name] for name in columns] if columns is not None else list(table.c)
-        row_type = _row_type(tuple(c.name for c in cols))
+        row_type = st.row_type(tuple(c.name for c in cols))
         first, last = self._idx_bounds(job_id)
         if first is None or last is None:
             return
         for lo in range(first, last + 1, batch_size):
             yield from map(row_type._make, self._page(job_id, lo, lo + batch_size, cols))
 
-    @_retrying
+    @retrying
     def _idx_bounds(self, job_id: str) -> tuple[int | None, int | None]:
         with self.engine.connect() as conn:
             row = conn.execute(select(func.min(Request.idx), func.max(Request.idx)).where(Request.job_id == job_id))
             first, last = row.one()
             return first, last
 
-    @_retrying
+    @retrying
     def _page(self, job_id: str, lo: int, hi: int, cols: list[Any]) -> list[Any]:
         """Rows with lo <= idx < hi, in idx order."""
         with self.engine.connect() as conn:
@@ -596,7 +460,7 @@ class Store:
                 select(*cols).where(Request.job_id == job_id, Request.idx >= lo, Request.idx < hi).order_by(Request.idx)
             ).all()
 
-    @_retrying
+    @retrying
     def jobs_with_pending(self, queue: str, statuses: Iterable[str]) -> list[str]:
         """Ids of jobs on `queue`, in one of `statuses`, that still have pending requests."""
         pending = select(Request.id).where(Request.job_id == Job.id, Request.status == RequestStatus.PENDING)
@@ -606,18 +470,12 @@ class Store:
             )
             return [r[0] for r in rows]
 
-    @_retrying
+    @retrying
     def request_statuses(self, job_id: str) -> dict[str, str]:
         """custom_id -> status, for tests and small jobs."""
         with self.engine.connect() as conn:
             rows = conn.execute(select(Request.custom_id, Request.status).where(Request.job_id == job_id))
             return {r[0]: r[1] for r in rows}
-
-
-@functools.lru_cache(maxsize=16)
-def _row_type(names: tuple[str, ...]) -> type[Any]:
-    """A named tuple for exported rows: its fields read ~10x faster than a SQLAlchemy Row's (export reads 15 a row)."""
-    return namedtuple("RequestRow", names)  # type: ignore[misc]
 
 
 def _chunks(items: list[int], n: int) -> Iterator[list[int]]:

@@ -1,0 +1,72 @@
+"""Store errors that say what to do, and the retry of SQLite's "database is locked"."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+LOCK_RETRIES = 8
+
+
+class StoreError(RuntimeError):
+    """The database refused a write or read in a way the user must fix (disk full, read-only, unreachable)."""
+
+
+class JobNotFound(StoreError):
+    """No job with this id."""
+
+
+def friendly(exc: SQLAlchemyError, url: str) -> StoreError:
+    text = str(getattr(exc, "orig", exc) or exc)
+    low = text.lower()
+    if "readonly" in low or "read-only" in low or "read only" in low:
+        hint = "the database is read-only: check the file's permissions, or point --db elsewhere"
+    elif ("disk" in low and ("full" in low or "space" in low)) or "no space" in low:
+        hint = "the disk is full: free space, then run the command again (nothing finished is lost)"
+    elif "locked" in low or "busy" in low:
+        hint = "the database stayed locked: another process holds a long write; try again"
+    elif "unable to open" in low or "could not connect" in low or "connection refused" in low:
+        hint = "the database cannot be opened: check --db / OMLX_JOBS_DATABASE_URL and that the server runs"
+    else:
+        hint = "database error"
+    return StoreError(f"{hint} ({safe_url(url)}): {text.splitlines()[0] if text else type(exc).__name__}")
+
+
+def safe_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url
+
+
+def retrying(fn: Callable[P, T]) -> Callable[P, T]:
+    """Retry SQLite 'database is locked' past the busy timeout, then raise a StoreError that says what to do."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        store: Any = args[0]  # a Store: its url names the database in messages
+        delay = 0.05
+        for attempt in range(LOCK_RETRIES):
+            try:
+                return fn(*args, **kwargs)
+            except OperationalError as exc:
+                locked = "locked" in str(exc).lower() or "busy" in str(exc).lower()
+                if not locked or attempt == LOCK_RETRIES - 1:
+                    raise friendly(exc, store.url) from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+            except StoreError:
+                raise
+            except SQLAlchemyError as exc:
+                raise friendly(exc, store.url) from exc
+        raise AssertionError("unreachable")
+
+    return wrapper
