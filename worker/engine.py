@@ -221,6 +221,8 @@ class Engine:
             prefill_batch_size=self.config.prefill_batch_size,
             prefill_step_size=self.config.prefill_step_size,
         )
+        # mlx-lm copies each finished sequence's KV cache out to return it; nothing here uses it.
+        gen._generation_batch.extract_cache = lambda idx: None
         window = self.config.completion_batch_size + self.config.prefill_batch_size
         states: dict[int, _ItemState] = {}
         active: dict[int, _Seq] = {}
