@@ -51,6 +51,13 @@ def _redis(url: str | None, *, check: bool = True) -> Any:
     return connect(url, check=check)
 
 
+def _stderr_console() -> Any:
+    """Progress bars go to stderr, so stdout stays clean for job ids and results."""
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
 def _fail(message: str, code: int = 1) -> None:
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
@@ -216,7 +223,7 @@ def _wait(store: Any, job_id: str) -> None:
         BarColumn(),
         MofNCompleteColumn(),
         TimeRemainingColumn(),
-        console=None,
+        console=_stderr_console(),
         transient=False,
     ) as bar:
         task = bar.add_task(job_id, total=None)
@@ -523,7 +530,9 @@ def _run_local(store: Any, engine: Any, job_id: str) -> None:
 
     counts = store.counts(job_id)
     done = {"n": counts.total - counts.pending}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=_stderr_console()
+    ) as bar:
         task = bar.add_task("generating", total=counts.total, completed=done["n"])
 
         def progress(n: int) -> None:

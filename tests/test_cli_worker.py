@@ -212,3 +212,24 @@ def test_help_explains_every_command() -> None:
         assert name in result.output
     result = CliRunner().invoke(cli, ["submit", "--help"])
     assert "--skip-invalid" in result.output and "--wait" in result.output
+
+
+def test_submit_wait_returns_when_a_worker_finishes(tmp_path: Path, env: dict[str, str], tiny_model_dir: Path) -> None:
+    write_mixed(tmp_path / "in.jsonl", 6)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "omlx_jobs.cli", "worker", "--model", str(tiny_model_dir)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        code, out, err = invoke(env, "submit", str(tmp_path / "in.jsonl"), "--model", str(tiny_model_dir), "--wait")
+        assert code == 0, err
+        job = out.strip()
+        assert f"{job}: completed" in err
+        code, out, _ = invoke(env, "status", job, "--json")
+        assert json.loads(out)["request_counts"]["completed"] == 6
+    finally:
+        worker.terminate()  # SIGTERM: an idle worker exits at once
+        assert worker.wait(timeout=60) == 0, worker.stderr.read()[-2000:] if worker.stderr else ""
