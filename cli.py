@@ -530,9 +530,8 @@ def _run_local(store: Any, engine: Any, job_id: str) -> None:
 
     counts = store.counts(job_id)
     done = {"n": counts.total - counts.pending}
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=_stderr_console()
-    ) as bar:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=_stderr_console()) as bar:
         task = bar.add_task("generating", total=counts.total, completed=done["n"])
 
         def progress(n: int) -> None:
