@@ -8,6 +8,7 @@ re-exported here.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -39,7 +40,6 @@ CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 ENDPOINTS = (CHAT_URL, COMPLETIONS_URL)
 MAX_CUSTOM_ID_CHARS = 512
-MAX_INT_DIGITS = 40  # far beyond any 64-bit value; also keeps Python's int() digit limit out of reach
 ROLES = ("system", "developer", "user", "assistant")
 BATCH_KEYS = ("custom_id", "method", "url", "body")
 
@@ -178,24 +178,24 @@ def _no_constants(name: str) -> Any:
     raise BadValue("invalid_json", None, f"invalid JSON: {name} is not allowed in JSON; use a finite number or null")
 
 
-def _bounded_int(digits: str) -> int:
-    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
-        raise BadValue("out_of_range", None, f"a {len(digits)}-digit integer is far too large; use a 64-bit value")
-    return int(digits)
-
-
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise BadValue("duplicate_key", k, "appears twice in the same object; keep one")
-        out[k] = v
+    out = dict(pairs)
+    if len(out) != len(pairs):  # rare: find the repeated key only then
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise BadValue("duplicate_key", k, "appears twice in the same object; keep one")
+            seen.add(k)
     return out
+
+
+# Built once; no Python hook per number (ints past Python's digit limit raise ValueError, caught below).
+_DECODER = json.JSONDecoder(parse_constant=_no_constants, object_pairs_hook=_unique_keys)
 
 
 def _decode(text: str) -> Any:
     try:
-        return json.loads(text, parse_constant=_no_constants, parse_int=_bounded_int, object_pairs_hook=_unique_keys)
+        value = _DECODER.decode(text)
     except json.JSONDecodeError as exc:
         if "\x00" in text:
             hint = "the line holds NUL bytes: is the file UTF-16? Save it as UTF-8"
@@ -206,10 +206,15 @@ def _decode(text: str) -> Any:
         raise BadValue(
             "invalid_json", None, f"invalid JSON at column {exc.colno}: {exc.msg.removesuffix(' starting at')}; {hint}"
         ) from None
+    except ValueError as exc:  # an integer literal past Python's 4300-digit limit
+        digits = re.search(r"has (\d+) digits", str(exc))
+        what = f"a {digits.group(1)}-digit integer" if digits else "a number"
+        raise BadValue("out_of_range", None, f"{what} is far too large; use a 64-bit value") from None
     except RecursionError:
         raise BadValue(
             "invalid_json", None, "invalid JSON: nested too deeply; a request needs only a few levels"
         ) from None
+    return value
 
 
 def parse_line(text: str, line: int) -> ParsedRequest:
