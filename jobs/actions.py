@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from redis import Redis
 
 from omlx_jobs.jobs import lifecycle
+from omlx_jobs.jobs.output import SERVER_ERROR_CODES
 from omlx_jobs.jobs.queue import (
     DEFAULT_SHARD_TIMEOUT,
     RedisUnavailable,
@@ -20,6 +22,10 @@ from omlx_jobs.jobs.queue import (
 )
 from omlx_jobs.jobs.submit import LoadResult, load_job
 from omlx_jobs.store import Store
+from omlx_jobs.store.db import JobInfo
+
+RECONCILE_LOCK_SECONDS = 60
+"""A worker that dies while reconciling holds the lock this long at most."""
 
 
 @dataclass
@@ -51,22 +57,31 @@ def submit(
     loaded = load_job(store, path, model, skip_invalid=skip_invalid, queue=qname, on_progress=on_progress)
     if loaded.rejected:
         return Submitted(loaded, qname, [])
-    ids = enqueue(store, redis, loaded.job_id, shard_size=shard_size, shard_timeout=shard_timeout)
-    return Submitted(loaded, qname, ids)
+    # Kept with the job: shards enqueued again later (reconcile, resume, retry) are cut and timed the same way.
+    options = {**store.get_job(loaded.job_id).options, "shard_size": shard_size, "shard_timeout": shard_timeout}
+    store.update_job(loaded.job_id, options=options)
+    return Submitted(loaded, qname, _enqueue_or_explain(store, redis, loaded.job_id))
 
 
-def enqueue(
-    store: Store,
-    redis: Redis,
-    job_id: str,
-    *,
-    shard_size: int | None = None,
-    shard_timeout: int = DEFAULT_SHARD_TIMEOUT,
-    suffix: str = "",
-) -> list[str]:
+def _enqueue_or_explain(store: Store, redis: Redis, job_id: str, suffix: str = "") -> list[str]:
+    """enqueue, and if Redis fails midway, say which job to `resume` (its requests are stored)."""
+    try:
+        return enqueue(store, redis, job_id, suffix=suffix)
+    except RedisUnavailable as exc:
+        raise RedisUnavailable(f"{exc}. Job {job_id} is stored but not queued: `omlx-jobs resume {job_id}`") from exc
+
+
+def shard_timeout_of(job: JobInfo) -> int:
+    """Seconds one shard of `job` may run (submit --shard-timeout)."""
+    return int(job.options.get("shard_timeout") or DEFAULT_SHARD_TIMEOUT)
+
+
+def enqueue(store: Store, redis: Redis, job_id: str, *, suffix: str = "") -> list[str]:
+    """Enqueue every shard of the job, cut and timed as at submit; requests with a result are skipped when run."""
     job = store.get_job(job_id)
-    shards = [Shard(s.job_id, s.start, s.end, suffix=suffix) for s in plan_shards(job_id, job.total, shard_size)]
-    ids = enqueue_shards(redis, job.queue or queue_name(job.model), shards, timeout=shard_timeout)
+    shards = plan_shards(job_id, job.total, job.options.get("shard_size"))
+    shards = [Shard(s.job_id, s.start, s.end, suffix=suffix) for s in shards]
+    ids = enqueue_shards(redis, job.queue or queue_name(job.model), shards, timeout=shard_timeout_of(job))
     store.transition(job_id, lifecycle.IN_PROGRESS, only_from=[lifecycle.VALIDATING])
     return ids
 
@@ -103,41 +118,81 @@ def retry(store: Store, redis: Redis, job_id: str, *, include_cancelled: bool = 
     job = store.get_job(job_id)
     if job.status not in lifecycle.TERMINAL:
         raise ValueError(f"job {job_id} is still {job.status}; wait for it to finish or cancel it first")
-    n = store.reset_for_retry(job_id, include_cancelled=include_cancelled)
+    n = store.reset_for_retry(job_id, include_cancelled=include_cancelled, retry_codes=SERVER_ERROR_CODES)
     if n == 0:
         return 0
     store.update_job(job_id, completed_at=None, cancelled_at=None, cancelling_at=None)
     store.transition(job_id, lifecycle.VALIDATING)
     import uuid
 
-    enqueue(store, redis, job_id, suffix=f"-t{uuid.uuid4().hex[:8]}")
+    _enqueue_or_explain(store, redis, job_id, suffix=f"-t{uuid.uuid4().hex[:8]}")
     return n
 
 
-def reconcile(store: Store, redis: Redis, queue: str) -> list[str]:
-    """Re-enqueue jobs on `queue` that have pending requests but no shard in Redis; returns their ids.
+@dataclass
+class Reconciled:
+    requeued: list[str] = field(default_factory=list)
+    """Jobs that got shards again."""
+    deferred: bool = False
+    """Nothing was decided: another worker is reconciling the queue, or Redis restarted moments ago."""
+
+
+def reconcile(store: Store, redis: Redis, queue: str, *, grace: float = 0.0) -> Reconciled:
+    """Re-enqueue jobs on `queue` that have pending requests but no shard in Redis.
 
     Redis carries only messages. After a Redis restart without persistence, or a shard whose retries ran
     out, the store still knows what is left; a cancelling job with nothing running is finished here.
+    One worker reconciles a queue at a time (a lock), and not before Redis has been up `grace` seconds:
+    running workers claim their shards again with their next heartbeat, so they are not handed out twice.
+    """
+    import uuid
+
+    from redis.exceptions import LockError
+
+    lock = redis.lock(f"omlx:reconcile:{queue}", timeout=RECONCILE_LOCK_SECONDS, blocking=False)
+    if not lock.acquire():
+        return Reconciled(deferred=True)
+    try:
+        if grace and int(redis.info("server").get("uptime_in_seconds", grace)) < grace:
+            return Reconciled(deferred=True)
+        done = Reconciled()
+        live = live_shards(redis, queue)
+        for job_id in store.jobs_with_pending(queue, [lifecycle.IN_PROGRESS, lifecycle.CANCELLING]):
+            if any(rq_id.startswith(f"{job_id}--") for rq_id in live):
+                continue
+            if store.get_job(job_id).status == lifecycle.CANCELLING:
+                store.cancel_pending(job_id)
+                lifecycle.finalize_if_done(store, job_id)
+                continue
+            enqueue(store, redis, job_id, suffix=f"-c{uuid.uuid4().hex[:8]}")
+            done.requeued.append(job_id)
+        return done
+    finally:
+        with contextlib.suppress(LockError):
+            lock.release()
+
+
+def live_shards(redis: Redis, queue: str) -> set[str]:
+    """RQ ids of the shards Redis still holds for `queue`: waiting, being dequeued, running, scheduled, deferred.
+
+    Abandoned shards are requeued first (RQ's cleanup), then every place a shard can be is read in one
+    transaction: a shard moving queue -> intermediate -> started between separate reads would look lost.
     """
     from rq.registry import DeferredJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
     from omlx_jobs.jobs.queue import get_queue
 
     q = get_queue(redis, queue)
-    live = set(q.get_job_ids())
-    for registry in (StartedJobRegistry, ScheduledJobRegistry, DeferredJobRegistry):
-        live.update(registry(queue=q).get_job_ids())
-    requeued = []
-    for job_id in store.jobs_with_pending(queue, [lifecycle.IN_PROGRESS, lifecycle.CANCELLING]):
-        if any(rq_id.startswith(f"{job_id}--") for rq_id in live):
-            continue
-        if store.get_job(job_id).status == lifecycle.CANCELLING:
-            store.cancel_pending(job_id)
-            lifecycle.finalize_if_done(store, job_id)
-            continue
-        import uuid
-
-        enqueue(store, redis, job_id, suffix=f"-c{uuid.uuid4().hex[:8]}")
-        requeued.append(job_id)
-    return requeued
+    started = StartedJobRegistry(queue=q)
+    started.cleanup()
+    registries = (started, ScheduledJobRegistry(queue=q), DeferredJobRegistry(queue=q))
+    with redis.pipeline(transaction=True) as pipe:
+        pipe.lrange(q.key, 0, -1)
+        pipe.lrange(q.intermediate_queue_key, 0, -1)
+        for registry in registries:
+            pipe.zrange(registry.key, 0, -1)
+        waiting, dequeued, *members = pipe.execute()
+    live = {x.decode() if isinstance(x, bytes) else x for x in (*waiting, *dequeued)}
+    for registry, entries in zip(registries, members, strict=True):
+        live.update(registry.parse_job_id(e) for e in entries)
+    return live

@@ -113,7 +113,7 @@ def enqueue_shards(
             )
             ids.append(job.id)
     except RedisError as exc:
-        raise RedisUnavailable(f"Redis failed while enqueueing ({exc}); run `omlx-jobs resume JOB` later") from exc
+        raise RedisUnavailable(f"Redis failed while enqueueing shards ({exc})") from exc
     return ids
 
 

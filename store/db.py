@@ -21,11 +21,12 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    or_,
     select,
     update,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from omlx_jobs.store import statements as st
 from omlx_jobs.store.errors import JobNotFound, StoreError, retrying, safe_url
@@ -127,7 +128,7 @@ class Store:
         kwargs: dict[str, Any] = {"future": True}
         if self.is_sqlite:
             database = parsed.database
-            if database and database != ":memory:":
+            if database and database != ":memory:" and not database.startswith("file:"):
                 _create_private_file(Path(database))
             kwargs["connect_args"] = {"timeout": 30}
         else:
@@ -142,7 +143,13 @@ class Store:
 
     @retrying
     def _create_tables(self) -> None:
-        Base.metadata.create_all(self.engine)
+        try:
+            Base.metadata.create_all(self.engine)
+        except OperationalError as exc:
+            # Two processes starting on a fresh database race to create the tables; the loser looks again.
+            if "already exists" not in str(exc):
+                raise
+            Base.metadata.create_all(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -351,17 +358,21 @@ class Store:
             return total
 
     @retrying
-    def reset_for_retry(self, job_id: str, *, include_cancelled: bool = False) -> int:
-        """Put failed (and optionally cancelled) requests back to pending, except invalid input lines."""
-        statuses = [RequestStatus.FAILED] + ([RequestStatus.CANCELLED] if include_cancelled else [])
+    def reset_for_retry(
+        self, job_id: str, *, include_cancelled: bool = False, retry_codes: Iterable[str] | None = None
+    ) -> int:
+        """Put failed (and optionally cancelled) requests back to pending, except invalid input lines.
+
+        With `retry_codes`, only failures with one of those error codes go back (the others are permanent).
+        """
+        failed = Request.status == RequestStatus.FAILED
+        if retry_codes is not None:
+            failed = and_(failed, Request.error_code.in_(list(retry_codes)))
+        which = or_(failed, Request.status == RequestStatus.CANCELLED) if include_cancelled else failed
         with self.engine.begin() as conn:
             return conn.execute(
                 update(Request)
-                .where(
-                    Request.job_id == job_id,
-                    Request.status.in_(statuses),
-                    Request.body.is_not(None),
-                )
+                .where(Request.job_id == job_id, which, Request.body.is_not(None))
                 .values(
                     status=RequestStatus.PENDING,
                     error_code=None,

@@ -29,8 +29,8 @@ def friendly(exc: SQLAlchemyError, url: str) -> StoreError:
     low = text.lower()
     if "readonly" in low or "read-only" in low or "read only" in low:
         hint = "the database is read-only: check the file's permissions, or point --db elsewhere"
-    elif ("disk" in low and ("full" in low or "space" in low)) or "no space" in low:
-        hint = "the disk is full: free space, then run the command again (nothing finished is lost)"
+    elif ("disk" in low and ("full" in low or "space" in low)) or "no space" in low or "disk i/o error" in low:
+        hint = "the disk is full or failing: free space, then run the command again (nothing finished is lost)"
     elif "locked" in low or "busy" in low:
         hint = "the database stayed locked: another process holds a long write; try again"
     elif "unable to open" in low or "could not connect" in low or "connection refused" in low:

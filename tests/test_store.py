@@ -153,3 +153,13 @@ def test_retry_never_revives_invalid_input_lines(store_url: str) -> None:
     store.record_failure(ok.id, "engine_error", "boom")
     assert store.reset_for_retry("batch_bad") == 1  # only the request that ran
     assert store.request_statuses("batch_bad") == {"ok": "pending", "line-2": "failed"}
+
+
+def test_retry_can_keep_permanent_failures(store_url: str) -> None:
+    store = Store(store_url)
+    job = make_job(store, 2)
+    a, b = (p.id for p in store.pending_requests(job))
+    store.record_failure(a, "context_length_exceeded", "too long")
+    store.record_failure(b, "engine_error", "boom")
+    assert store.reset_for_retry(job, retry_codes=["engine_error"]) == 1
+    assert store.request_statuses(job) == {"c0": "failed", "c1": "pending"}

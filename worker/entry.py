@@ -13,14 +13,20 @@ from typing import Any
 
 from redis import Redis
 
+from omlx_jobs.jobs.actions import shard_timeout_of
 from omlx_jobs.jobs.queue import Shard, enqueue_shards
 from omlx_jobs.store import Store, StoreError
+from omlx_jobs.store.db import JobNotFound
 from omlx_jobs.worker import shard
 from omlx_jobs.worker.engine import Control, Engine
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DRAIN_TIMEOUT = 60.0
+
+
+class UnknownJob(LookupError):
+    """A shard message names a job that is not in this worker's store."""
 
 
 @dataclass
@@ -76,7 +82,14 @@ def run_shard(job_id: Any, start: Any, end: Any) -> dict[str, Any]:
     ctx = current()
     try:
         outcome = shard.run_shard(ctx.store, ctx.engine, job_id, start, end, control=ctx.control)
+    except JobNotFound as exc:
+        # A message for a job this store lacks (planted, or a worker pointed at another database) fails alone;
+        # the store answered, so the worker carries on. A worker on the right store re-enqueues real work.
+        raise UnknownJob(f"{exc}; is this worker's --db the one `submit` used?") from None
     except StoreError as exc:
+        timeout = _shard_timeout(exc)
+        if timeout is not None:  # the shard's time ran out during a store call: the store itself is fine
+            raise timeout from None
         # Nothing finished is lost (each result was committed or the write failed before it counted);
         # RQ retries the shard later, on this or another worker.
         ctx.fatal = str(exc)
@@ -84,6 +97,19 @@ def run_shard(job_id: Any, start: Any, end: Any) -> dict[str, Any]:
         raise
     if outcome.stopped and ctx.redis is not None and ctx.queue is not None:
         back = Shard(job_id, start, end, suffix=f"-h{uuid.uuid4().hex[:8]}")
-        enqueue_shards(ctx.redis, ctx.queue, [back], at_front=True)
+        timeout = shard_timeout_of(ctx.store.get_job(job_id))
+        enqueue_shards(ctx.redis, ctx.queue, [back], at_front=True, timeout=timeout)
         log.info("handed %s requests of %s back to the queue as %s", outcome.left_pending, job_id, back.rq_id)
     return outcome.to_dict()
+
+
+def _shard_timeout(exc: BaseException) -> BaseException | None:
+    """The shard-timeout exception (RQ raises it from a signal, anywhere) that caused `exc`, if any."""
+    from rq.timeouts import JobTimeoutException
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, JobTimeoutException):
+            return seen
+        seen = seen.__cause__ or seen.__context__ or getattr(seen, "orig", None)
+    return None

@@ -12,12 +12,14 @@ import threading
 from typing import Any
 
 from redis.exceptions import RedisError
+from rq.exceptions import StopRequested
 from rq.job import Job
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker, WorkerStatus
 
 from omlx_jobs.jobs.queue import SHARD_FUNC
+from omlx_jobs.store import StoreError
 from omlx_jobs.worker.entry import WorkerContext
 
 log = logging.getLogger(__name__)
@@ -61,8 +63,12 @@ class OmlxWorker(SimpleWorker):
 
         for queue in self.queues:
             try:
-                for job_id in reconcile(self.context.store, self.connection, queue.name):
+                # The grace lets running workers re-claim their shards after a Redis restart (one beat).
+                done = reconcile(self.context.store, self.connection, queue.name, grace=self.heartbeat_ttl / 2)
+                for job_id in done.requeued:
                     log.warning("job %s had pending requests but no shard in Redis; enqueued it again", job_id)
+            except StopRequested:  # SIGTERM while idle: RQ's handler raises this wherever the loop is
+                raise
             except Exception:
                 log.exception("reconciling queue %s with the store failed", queue.name)
 
@@ -77,7 +83,8 @@ class OmlxWorker(SimpleWorker):
             return
         execution = self.prepare_execution(job)
         stop = threading.Event()
-        beat = threading.Thread(target=self._beat, args=(job, execution, stop), daemon=True, name="omlx-heartbeat")
+        args = (job, queue, execution, stop)
+        beat = threading.Thread(target=self._beat, args=args, daemon=True, name="omlx-heartbeat")
         beat.start()
         try:
             self.perform_job(job, queue, execution)
@@ -95,12 +102,17 @@ class OmlxWorker(SimpleWorker):
             FailedJobRegistry(queue=queue).add(job, exc_string=f"refused: {reason}")
         except Exception:
             self.connection.zadd(FailedJobRegistry(queue=queue).key, {job.id: 0})
+        self.connection.lrem(queue.intermediate_queue_key, 1, job.id)  # taken, never started: not in flight
         self.set_state(WorkerStatus.IDLE)
 
-    def _beat(self, job: Job, execution: Any, stop: threading.Event) -> None:
+    def _beat(self, job: Job, queue: Queue, execution: Any, stop: threading.Event) -> None:
         while not stop.wait(self.heartbeat_interval):
             try:
                 self.maintain_heartbeats(job, execution)
+                if not stop.is_set():
+                    # After a Redis restart the registry is empty: claim the running shard again, so that
+                    # reconcile does not hand its range to another worker while it runs here.
+                    queue.started_job_registry.add_execution(execution, self.connection, ttl=self.heartbeat_ttl)
             except RedisError as exc:  # Redis restarting: results go to the store; keep beating
                 log.warning("heartbeat failed (%s); retrying", exc)
             except Exception:
@@ -140,33 +152,63 @@ def serve(
     assert redis is not None
     delay = 1.0
     while True:
-        worker = OmlxWorker(
-            [get_queue(redis, queue_name)], connection=redis, context=context, heartbeat_ttl=heartbeat_ttl, name=name
-        )
+        worker = None
         try:
+            # Building the worker talks to Redis too (CLIENT SETNAME), so it sits inside the retry loop.
+            queues = [get_queue(redis, queue_name)]
+            worker = OmlxWorker(queues, connection=redis, context=context, heartbeat_ttl=heartbeat_ttl, name=name)
             worker.work(burst=burst, logging_level=logging.getLevelName(log.getEffectiveLevel()))
         except RedisError as exc:
-            log.warning("Redis error before the work loop started: %s", exc)
+            log.warning("Redis error: %s", exc)
+        except StopRequested:  # a signal between work loops, handled by the last loop's handler
+            pass
+        finally:
+            if worker is not None:
+                _release(worker)
         if context.fatal:
             log.error("stopped: %s", context.fatal)
             return 3
-        if worker._stop_requested or context.stopping:
+        if (worker is not None and worker._stop_requested) or context.stopping:
             return 0
         try:
             redis.ping()
-            if burst and get_queue(redis, queue_name).count == 0 and not _has_started(redis, queue_name):
+            if burst and _nothing_left(context, redis, queue_name, grace=heartbeat_ttl / 2):
                 return 0
             delay = 1.0
+            time.sleep(1.0)  # a shard still runs elsewhere (burst), or the loop quit on an error: not a busy loop
         except RedisError as exc:
             log.warning("Redis unreachable (%s); retrying in %.0fs", exc, delay)
             time.sleep(delay)
             delay = min(delay * 2, max_wait)
+        except StopRequested:
+            return 0
+        except StoreError as exc:
+            log.error("stopped: %s", exc)
+            return 3
+        if context.stopping:
+            return 0
         name = None  # a new registration: the old one may linger until it expires
 
 
-def _has_started(redis: Any, queue_name: str) -> bool:
+def _release(worker: OmlxWorker) -> None:
+    """Stop the pubsub thread of a work loop that ended on a Redis error (its teardown did not get that far)."""
+    thread = getattr(worker, "pubsub_thread", None)
+    if thread is not None and thread.is_alive():
+        thread.stop()
+
+
+def _nothing_left(context: WorkerContext, redis: Any, queue_name: str, grace: float) -> bool:
+    """Burst mode ends when no shard waits or runs, and the store holds no work whose shard Redis lost
+    (a shard failed for good, a lost hand-back): reconcile enqueues that, and the worker runs it."""
     from rq.registry import StartedJobRegistry
 
+    from omlx_jobs.jobs.actions import reconcile
     from omlx_jobs.jobs.queue import get_queue
 
-    return StartedJobRegistry(queue=get_queue(redis, queue_name)).count > 0
+    queue = get_queue(redis, queue_name)
+    # The registry first: counting it requeues abandoned shards, which the queue count must then see. A shard
+    # in the intermediate list (its worker died while taking it) goes back to the queue after a minute.
+    if StartedJobRegistry(queue=queue).count or queue.count or redis.llen(queue.intermediate_queue_key):
+        return False
+    done = reconcile(context.store, redis, queue_name, grace=grace)
+    return not done.requeued and not done.deferred
