@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,8 +89,6 @@ def enqueue(store: Store, redis: Redis, job_id: str, *, suffix: str = "") -> lis
 
 def resume(store: Store, redis: Redis, job_id: str) -> list[str]:
     """Enqueue a job again: one left 'validating' by a failed submit, or one whose shards were lost."""
-    import uuid
-
     job = store.get_job(job_id)
     if job.status in lifecycle.TERMINAL:
         raise ValueError(f"job {job_id} is {job.status}; use `omlx-jobs retry` to run failed requests again")
@@ -123,8 +122,6 @@ def retry(store: Store, redis: Redis, job_id: str, *, include_cancelled: bool = 
         return 0
     store.update_job(job_id, completed_at=None, cancelled_at=None, cancelling_at=None)
     store.transition(job_id, lifecycle.VALIDATING)
-    import uuid
-
     _enqueue_or_explain(store, redis, job_id, suffix=f"-t{uuid.uuid4().hex[:8]}")
     return n
 
@@ -145,8 +142,6 @@ def reconcile(store: Store, redis: Redis, queue: str, *, grace: float = 0.0) -> 
     One worker reconciles a queue at a time (a lock), and not before Redis has been up `grace` seconds:
     running workers claim their shards again with their next heartbeat, so they are not handed out twice.
     """
-    import uuid
-
     from redis.exceptions import LockError
 
     lock = redis.lock(f"omlx:reconcile:{queue}", timeout=RECONCILE_LOCK_SECONDS, blocking=False)
