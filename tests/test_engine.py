@@ -203,3 +203,15 @@ def test_caches_never_cross_models(tiny_loaded: LoadedModel, tmp_path: Path) -> 
     engine.run(items, lambda rs: results.update({r.key: r for r in rs}))
     for i, p in enumerate(prompts):
         assert results[i].choices[0].token_ids == reference(other, p, 5)
+
+
+def test_short_identical_prompts_are_computed_once(tiny_loaded: LoadedModel) -> None:
+    prompt = tiny_loaded.encode(COMPLETIONS_URL, {"prompt": "0123"})
+    assert len(prompt) < 16
+    engine = Engine(tiny_loaded, EngineConfig(cache_memory=None))
+    results: dict[int, ItemResult] = {}
+    items = [WorkItem(i, prompt, greedy(5, n=2)) for i in range(3)]
+    stats = engine.run(items, lambda rs: results.update({r.key: r for r in rs}))
+    assert stats.prefill_tokens == stats.trie_min_tokens == len(prompt)
+    ref = reference(tiny_loaded, prompt, 5)
+    assert all(c.token_ids == ref for r in results.values() for c in r.choices)

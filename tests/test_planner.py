@@ -87,3 +87,9 @@ def test_warmup_rounds_fold_chains_and_compute_branch_points_first() -> None:
     # Independent groups share a round.
     a, b = WarmUp(20, 0, 3), WarmUp(20, 4, 7)
     assert warmup_rounds([a, b]) == [[WarmupTask(a), WarmupTask(b)]]
+
+
+def test_identical_short_prompts_still_share() -> None:
+    short = [5, 6, 7]  # under min_shared_tokens, but the same whole prompt three times (n=3)
+    p = plan(keys(short, short, short, [5, 6, 8]), min_shared_tokens=16)
+    assert p.warmups == [WarmUp(depth=3, first=0, last=2)]

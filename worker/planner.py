@@ -68,7 +68,8 @@ class Plan:
 def plan(keys: Sequence[bytes], min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS) -> Plan:
     """Plan admission for sequences with prompt `keys` (see token_key). Identical keys share the whole prompt.
 
-    A warm-up point is a trie node shared by at least two sequences and at least `min_shared_tokens` deep.
+    A warm-up point is a trie node shared by at least two sequences and at least `min_shared_tokens` deep,
+    or a prompt that several sequences have in full (any length).
     """
     n = len(keys)
     order = sorted(range(n), key=keys.__getitem__)
@@ -86,7 +87,9 @@ def plan(keys: Sequence[bytes], min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKE
         lb = i - 1
         while cur < stack[-1][0]:
             depth, lb = stack.pop()
-            if depth >= min_shared_tokens:
+            # Identical prompts (n > 1, repeated lines) share their whole prompt however short it is.
+            identical = keys[order[lb]] == keys[order[i - 1]]
+            if depth >= min_shared_tokens or identical:
                 warmups.append(WarmUp(depth=depth, first=lb, last=i - 1))
         if cur > stack[-1][0]:
             stack.append((cur, lb))

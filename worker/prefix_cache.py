@@ -90,6 +90,9 @@ class PrefixCache:
         bucket = self._bucket(key)
         limit = len(key) // 4 if limit is None else limit
         best: Match | None = None
+        exact = self._entries.get(key)  # a whole prompt cached as is (identical prompts), however short
+        if exact is not None and (self.trimmable or exact.tokens <= limit) and min(exact.tokens, limit) > 0:
+            best = Match(exact, min(exact.tokens, limit))
         for entry in self._buckets.get(bucket, ()) if bucket is not None else ():
             shared = common_prefix_tokens(entry.key, key)
             if self.trimmable:
