@@ -376,7 +376,10 @@ def cancel(job_id: str, db: str | None, redis_url: str | None) -> None:
 @db_option
 @redis_option
 def retry(job_id: str, include_cancelled: bool, db: str | None, redis_url: str | None) -> None:
-    """Run a finished job's failed requests again (invalid input lines stay failed)."""
+    """Run a finished job's requests that failed on our side again (engine errors, too many attempts).
+
+    Permanent failures stay failed: invalid input lines, prompts over the context, template errors.
+    """
     from omlx_jobs.jobs import actions
 
     try:

@@ -233,10 +233,9 @@ class Store:
                 raise ValueError(f"unknown job stat {name}")
             if delta:
                 values[name] = getattr(Job, name) + int(delta)
-        if peak_bytes:
-            values["cache_peak_bytes"] = func.max(Job.cache_peak_bytes, int(peak_bytes))
-            if not self.is_sqlite:
-                values["cache_peak_bytes"] = func.greatest(Job.cache_peak_bytes, int(peak_bytes))
+        if peak_bytes:  # SQLite's two-argument max() is other databases' greatest()
+            larger = func.max if self.is_sqlite else func.greatest
+            values["cache_peak_bytes"] = larger(Job.cache_peak_bytes, int(peak_bytes))
         if values:
             with self.engine.begin() as conn:
                 conn.execute(update(Job).where(Job.id == job_id).values(**values))
@@ -331,16 +330,6 @@ class Store:
                 )
             )
             return res.rowcount > 0
-
-    @retrying
-    def record_error_note(self, request_id: int, code: str, message: str) -> None:
-        """Note a transient error on a request that stays pending (it will be retried)."""
-        with self.engine.begin() as conn:
-            conn.execute(
-                update(Request)
-                .where(Request.id == request_id, Request.status == RequestStatus.PENDING)
-                .values(error_code=code, error_message=message)
-            )
 
     @retrying
     def cancel_pending(self, job_id: str, request_ids: list[int] | None = None) -> int:

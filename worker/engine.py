@@ -1,6 +1,6 @@
 """Engine adapter: continuous batching over mlx-lm's BatchGenerator, with planned prefix reuse.
 
-This is the only module that touches mlx-lm internals (BatchGenerator, KV cache classes).
+With kv.py and warmup.py, the only code that touches mlx-lm internals (BatchGenerator, KV cache classes).
 run(): plan the shard (planner), then admit sequences depth-first, prefilling each shared prefix once
 (a warm-up) and inserting requests with copies of the cached prefix; refill the batch as requests finish.
 """
@@ -99,9 +99,10 @@ class RunStats:
     decode_seconds: float = 0.0
     seconds: float = 0.0
     unfinished: list[Any] = field(default_factory=list)
-    cache_hits_before: int = 0
-    cache_misses_before: int = 0
-    cache_evictions_before: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_evictions: int = 0
+    """Prefix-cache lookups and evictions during this run (the cache itself lives across runs)."""
 
 
 @dataclass
@@ -193,11 +194,8 @@ class Engine:
         """
         started = time.perf_counter()
         self.warmups.stats = WarmupStats()
-        stats = RunStats(
-            cache_hits_before=self.cache.stats.hits,
-            cache_misses_before=self.cache.stats.misses,
-            cache_evictions_before=self.cache.stats.evictions,
-        )
+        stats = RunStats()
+        before = self.cache.stats.snapshot()
         seqs = [(i, c) for i, item in enumerate(items) for c in range(item.params.n)]
         item_keys = [planner.token_key(item.tokens) for item in items]
         keys = [item_keys[i] for i, _ in seqs]
@@ -294,6 +292,10 @@ class Engine:
         warm = self.warmups.stats
         stats.warmups, stats.warmup_tokens, stats.warmup_seconds = warm.warmups, warm.tokens, warm.seconds
         stats.disk_hits = warm.disk_hits
+        after = self.cache.stats.snapshot()
+        stats.cache_hits = after["hits"] - before["hits"]
+        stats.cache_misses = after["misses"] - before["misses"]
+        stats.cache_evictions = after["evictions"] - before["evictions"]
         stats.prefill_tokens += warm.tokens
         stats.unfinished = [items[i].key for i in range(len(items)) if i not in states or states[i].remaining]
         stats.seconds = time.perf_counter() - started

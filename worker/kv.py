@@ -45,17 +45,6 @@ def extendable(caches: Caches, tokens: int, length: int) -> Caches:
     return [copy.deepcopy(c) for c in view(caches, tokens, length)]
 
 
-def compact(c: Any) -> Any:
-    """Drop a KVCache's unused preallocated tail so an entry's bytes are what it holds."""
-    if isinstance(c, KVCache) and c.keys is not None and c.keys.shape[2] != c.offset:
-        out = KVCache()
-        out.keys = mx.contiguous(c.keys[..., : c.offset, :])
-        out.values = mx.contiguous(c.values[..., : c.offset, :])
-        out.offset = c.offset
-        return out
-    return c
-
-
 def nbytes(caches: Caches) -> int:
     return int(sum(c.nbytes for c in caches))
 

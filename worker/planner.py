@@ -58,12 +58,6 @@ class Plan:
     prompt_tokens: int
     """Prompt tokens over all sequences, as if nothing were shared."""
 
-    def warmups_starting_at(self) -> dict[int, list[WarmUp]]:
-        out: dict[int, list[WarmUp]] = {}
-        for w in self.warmups:
-            out.setdefault(w.first, []).append(w)
-        return out
-
 
 def plan(keys: Sequence[bytes], min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS) -> Plan:
     """Plan admission for sequences with prompt `keys` (see token_key). Identical keys share the whole prompt.

@@ -1,8 +1,8 @@
 """The long-lived RQ worker: one process, model loaded once, shards run in-process (no fork per job).
 
 Safety: payloads are read with RQ's JSON serializer only, and only the shard entry point may run.
-Liveness: a heartbeat thread keeps a running shard's registry entry alive (TTL HEARTBEAT_TTL); when a
-worker dies, the entry expires and any worker's maintenance (every MAINTENANCE_INTERVAL) retries the shard.
+Liveness: a heartbeat thread keeps a running shard's registry entry alive (--heartbeat-ttl); when a worker
+dies, the entry expires and any idle worker's maintenance (every min(TTL, 30) s) retries the shard.
 """
 
 from __future__ import annotations

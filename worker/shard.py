@@ -142,14 +142,13 @@ def run_shard(
     watch = _JobWatch(store, job_id, control)
     stats = engine.run(items, on_results, watch, on_admit=store.mark_started, on_plan=on_plan)
     outcome.stats = stats
-    cache = engine.cache.stats
     store.add_job_stats(
         job_id,
         prefill_tokens=stats.prefill_tokens,
-        cache_hits=cache.hits - stats.cache_hits_before,
-        cache_misses=cache.misses - stats.cache_misses_before,
-        cache_evictions=cache.evictions - stats.cache_evictions_before,
-        peak_bytes=cache.peak_bytes,
+        cache_hits=stats.cache_hits,
+        cache_misses=stats.cache_misses,
+        cache_evictions=stats.cache_evictions,
+        peak_bytes=engine.cache.stats.peak_bytes,
     )
     if stats.unfinished:
         if watch.cancelled:
