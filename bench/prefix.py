@@ -219,6 +219,9 @@ def bench_workload(loaded: Any, w: Workload, args: argparse.Namespace, workdir: 
             profiler.disable()
             print(f"-- profile of omlx-jobs, cache unbounded, workload {w.name} (cumulative, top 30)")
             pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
+        if "stock" in args.runs:
+            stock = EngineConfig(cache_memory=None, ragged_decode=False, **base)
+            keep(run_ours(loaded, w, "omlx-jobs, mlx-lm attention", stock, workdir, rep))
         if "capped" in args.runs:
             cap = max(1, unbounded.peak_cache_bytes // 4)
             capped = run_ours(loaded, w, "omlx-jobs, cache 25%", EngineConfig(cache_memory=cap, **base), workdir, rep)
@@ -267,7 +270,10 @@ def main() -> None:
     ap.add_argument("--workloads", default="a,b,c,d")
     ap.add_argument("--count-scale", type=float, default=None, help="scale request counts only")
     ap.add_argument(
-        "--runs", default="bg,off,capped", help="besides the unbounded-cache run: bg (batch_generate), off, capped"
+        "--runs",
+        default="bg,off,capped",
+        help="besides the unbounded-cache run: bg (batch_generate), off (cache off), capped (25%% cache), "
+        "stock (unbounded, with mlx-lm's masked decode attention instead of the ragged kernel; CUDA)",
     )
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--prefill-batch-size", type=int, default=8)

@@ -7,6 +7,7 @@ run(): plan the shard (planner), then admit sequences depth-first, prefilling ea
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import time
 from collections.abc import Callable, Sequence
@@ -18,7 +19,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
 from omlx_jobs.jobs.formats import SamplingParams
-from omlx_jobs.worker import kv, planner
+from omlx_jobs.worker import attention, kv, planner
 from omlx_jobs.worker.disk_cache import DiskCache
 from omlx_jobs.worker.model import LoadedModel, PromptError
 from omlx_jobs.worker.prefix_cache import DEFAULT_CACHE_MEMORY, Entry, PrefixCache
@@ -45,6 +46,8 @@ class EngineConfig:
     cache_dir_bytes: int = 10 * 1024**3
     ignore_eos: bool = False
     """Generate max_tokens every time (for benchmarks)."""
+    ragged_decode: bool = True
+    """On CUDA, decode attention without mlx-lm's padding mask (worker/attention.py); no effect elsewhere."""
 
     def __post_init__(self) -> None:
         if self.completion_batch_size < 1 or self.prefill_batch_size < 1 or self.prefill_step_size < 1:
@@ -117,6 +120,18 @@ class _Seq:
 
 
 @dataclass
+class _FirstToken:
+    """A sequence whose whole prompt is cached: its first token, sampled from the cached logits (lazily)."""
+
+    seq: _Seq
+    token: mx.array
+    caches: list[Any]
+    sampler: Any
+    processors: list[Any]
+    max_tokens: int
+
+
+@dataclass
 class _ItemState:
     remaining: int
     started_at: float
@@ -158,6 +173,7 @@ class Engine:
         self.samplers = SamplerFactory()
         self._last_view: tuple[Entry, int, list[Any]] | None = None
         self.eos = [] if self.config.ignore_eos else sorted(self.tokenizer.eos_token_ids)
+        self.ragged = self.config.ragged_decode and attention.available() and attention.install(self.model)
 
     @property
     def prefix_enabled(self) -> bool:
@@ -227,68 +243,73 @@ class Engine:
         pinned: list[tuple[Entry, int]] = []
         done: list[ItemResult] = []
         pos = 0
-        try:
-            while True:
-                mode = control()
-                if mode in (Control.STOP, Control.CANCEL):
-                    break
-                batch = the_plan.order[pos : pos + max(0, window - len(active))] if mode is Control.RUN else []
-                if batch and on_admit is not None:
-                    new = [items[seqs[s][0]].key for s in batch if seqs[s][0] not in states]
-                    if new:
-                        on_admit(list(dict.fromkeys(new)))
-                if batch:
-                    # Warm up every shared prefix the next window needs, batched, before admitting into it.
-                    ahead = pos + window
-                    upcoming = []
-                    while next_w < len(warmups) and warmups[next_w].first < ahead:
-                        upcoming.append(warmups[next_w])
-                        next_w += 1
-                    if upcoming:
-                        pinned += self.warmups.ensure(
-                            [(w, keys[the_plan.order[w.first]][: w.depth * 4]) for w in upcoming], gen.stream
-                        )
-                for s in batch:
-                    self.cache.advance(pos)
-                    pinned = self._release_pins(pinned, pos)
-                    i, c = seqs[s]
-                    self._admit(gen, items, i, c, item_keys[i], states, active, stats, done)
-                    pos += 1
-                if done:
-                    on_results(done)
-                    done = []
-                if not active:
-                    if mode is not Control.RUN or pos >= len(the_plan.order):
+        with attention.enabled() if self.ragged else contextlib.nullcontext():
+            try:
+                while True:
+                    mode = control()
+                    if mode in (Control.STOP, Control.CANCEL):
                         break
-                    continue
-                _, responses = gen.next()  # one step; a long prefill still returns here to check control
-                for r in responses:
-                    seq = active.get(r.uid)
-                    if seq is None:
+                    batch = the_plan.order[pos : pos + max(0, window - len(active))] if mode is Control.RUN else []
+                    if batch and on_admit is not None:
+                        new = [items[seqs[s][0]].key for s in batch if seqs[s][0] not in states]
+                        if new:
+                            on_admit(list(dict.fromkeys(new)))
+                    if batch:
+                        # Warm up every shared prefix the next window needs, batched, before admitting into it.
+                        ahead = pos + window
+                        upcoming = []
+                        while next_w < len(warmups) and warmups[next_w].first < ahead:
+                            upcoming.append(warmups[next_w])
+                            next_w += 1
+                        if upcoming:
+                            pinned += self.warmups.ensure(
+                                [(w, keys[the_plan.order[w.first]][: w.depth * 4]) for w in upcoming], gen.stream
+                            )
+                    first_tokens = []
+                    for s in batch:
+                        self.cache.advance(pos)
+                        pinned = self._release_pins(pinned, pos)
+                        i, c = seqs[s]
+                        first = self._admit(gen, items, i, c, item_keys[i], states, active, stats)
+                        if first is not None:
+                            first_tokens.append(first)
+                        pos += 1
+                    self._admit_first_tokens(gen, first_tokens, items, states, active, stats, done)
+                    if done:
+                        on_results(done)
+                        done = []
+                    if not active:
+                        if mode is not Control.RUN or pos >= len(the_plan.order):
+                            break
                         continue
-                    seq.generated += 1
-                    stats.generation_tokens += 1
-                    reason = r.finish_reason
-                    if reason != "stop":
-                        seq.tokens.append(r.token)
-                        if seq.stops and self._hit_stop(seq):
-                            gen.remove([r.uid])
-                            reason = "stop"
-                    if reason is not None:
-                        del active[r.uid]
-                        self._finish(seq, reason, items, states, done)
-                if done:
-                    on_results(done)  # committed together: everything that finished in this step
-                    done = []
-        finally:
-            if active:
-                gen.remove(list(active))
-            stats.prefill_seconds = gen._counters.prompt_time
-            stats.decode_seconds = gen._counters.decode_time
-            gen.close()
-            for entry, _ in pinned:
-                self.cache.unpin(entry)
-            self.cache.evict_to_fit()
+                    _, responses = gen.next()  # one step; a long prefill still returns here to check control
+                    for r in responses:
+                        seq = active.get(r.uid)
+                        if seq is None:
+                            continue
+                        seq.generated += 1
+                        stats.generation_tokens += 1
+                        reason = r.finish_reason
+                        if reason != "stop":
+                            seq.tokens.append(r.token)
+                            if seq.stops and self._hit_stop(seq):
+                                gen.remove([r.uid])
+                                reason = "stop"
+                        if reason is not None:
+                            del active[r.uid]
+                            self._finish(seq, reason, items, states, done)
+                    if done:
+                        on_results(done)  # committed together: everything that finished in this step
+                        done = []
+            finally:
+                if active:
+                    gen.remove(list(active))
+                stats.prefill_seconds = gen._counters.prompt_time
+                stats.decode_seconds = gen._counters.decode_time
+                gen.close()
+                for entry, _ in pinned:
+                    self.cache.unpin(entry)
+                self.cache.evict_to_fit()
         warm = self.warmups.stats
         stats.warmups, stats.warmup_tokens, stats.warmup_seconds = warm.warmups, warm.tokens, warm.seconds
         stats.disk_hits = warm.disk_hits
@@ -324,8 +345,12 @@ class Engine:
         states: dict[int, _ItemState],
         active: dict[int, _Seq],
         stats: RunStats,
-        done: list[ItemResult],
-    ) -> None:
+    ) -> _FirstToken | None:
+        """Insert one sequence; if its whole prompt is cached with logits, return its lazily sampled first token.
+
+        Those are finished by _admit_first_tokens, all of a refill at once: reading a token back waits for the
+        device, and one wait per request (while a decode step is in flight) cost more than it saved on a GPU.
+        """
         item = items[i]
         tokens, params = item.tokens, item.params
         n = len(tokens)
@@ -340,32 +365,59 @@ class Engine:
         match = self.cache.lookup(key, limit=n) if self.prefix_enabled else None
         if match is not None and match.length == n and match.entry.tokens == n and match.entry.logits is not None:
             # The whole prompt is cached with its final logits: sample the first token from them.
-            first = self._sample_first(match.entry.logits, tokens, sampler, processors)
             self._note_start(states, i, item, cached=n)
             stats.first_token_reuses += 1
+            first = self._sample_first(match.entry.logits, tokens, sampler, processors)
+            return _FirstToken(seq, first, self._view(match.entry, n), sampler, processors, max_tokens)
+        if match is not None and match.length >= n:
+            match = self.cache.lookup(key, limit=n - 1, count=False)
+        cached = match.length if match is not None else 0
+        self._note_start(states, i, item, cached=cached)
+        stats.prefill_tokens += n - cached
+        caches = self._view(match.entry, cached) if match is not None else None
+        self._insert(gen, active, seq, tokens[cached:], caches, list(tokens[:cached]), sampler, processors, max_tokens)
+        return None
+
+    def _admit_first_tokens(
+        self,
+        gen: BatchGenerator,
+        pending: list[_FirstToken],
+        items: Sequence[WorkItem],
+        states: dict[int, _ItemState],
+        active: dict[int, _Seq],
+        stats: RunStats,
+        done: list[ItemResult],
+    ) -> None:
+        """Read the first tokens of a refill's fully cached sequences back at once, then finish or insert them."""
+        if not pending:
+            return
+        mx.eval([p.token for p in pending])
+        for p in pending:
+            seq, first = p.seq, int(p.token.item())
             seq.generated = 1
             stats.generation_tokens += 1
             if first in self.eos:
                 self._finish(seq, "stop", items, states, done)
-                return
+                continue
             seq.tokens.append(first)
-            if max_tokens == 1 or (seq.stops and self._hit_stop(seq)):
-                self._finish(seq, "length" if max_tokens == 1 else "stop", items, states, done)
-                return
-            caches, all_tokens, prompt, max_tokens = (
-                self._view(match.entry, n),
-                list(tokens),
-                [first],
-                max_tokens - 1,
-            )
-        else:
-            if match is not None and match.length >= n:
-                match = self.cache.lookup(key, limit=n - 1, count=False)
-            cached = match.length if match is not None else 0
-            self._note_start(states, i, item, cached=cached)
-            stats.prefill_tokens += n - cached
-            caches = self._view(match.entry, cached) if match is not None else None
-            all_tokens, prompt = list(tokens[:cached]), tokens[cached:]
+            if p.max_tokens == 1 or (seq.stops and self._hit_stop(seq)):
+                self._finish(seq, "length" if p.max_tokens == 1 else "stop", items, states, done)
+                continue
+            tokens = items[seq.item].tokens
+            self._insert(gen, active, seq, [first], p.caches, list(tokens), p.sampler, p.processors, p.max_tokens - 1)
+
+    @staticmethod
+    def _insert(
+        gen: BatchGenerator,
+        active: dict[int, _Seq],
+        seq: _Seq,
+        prompt: list[int],
+        caches: list[Any] | None,
+        all_tokens: list[int],
+        sampler: Any,
+        processors: list[Any],
+        max_tokens: int,
+    ) -> None:
         (uid,) = gen.insert(
             [prompt],
             max_tokens=[max_tokens],
@@ -389,14 +441,13 @@ class Engine:
         else:
             state.cached = min(state.cached, cached)
 
-    def _sample_first(self, logits: mx.array, tokens: list[int], sampler: Any, processors: list[Any]) -> int:
+    def _sample_first(self, logits: mx.array, tokens: list[int], sampler: Any, processors: list[Any]) -> mx.array:
         if processors:
             context = mx.array(tokens)
             for proc in processors:
                 logits = proc(context, logits)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        tok = sampler(logprobs) if sampler is not None else mx.argmax(logprobs, axis=-1)
-        return int(tok.item())
+        return sampler(logprobs) if sampler is not None else mx.argmax(logprobs, axis=-1)
 
     # ---- finishing ---------------------------------------------------------------------------------
 

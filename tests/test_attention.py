@@ -1,0 +1,77 @@
+"""Ragged decode attention (worker/attention.py): what the kernel must compute, and when the engine uses it.
+
+The CUDA kernel itself runs only on an NVIDIA GPU: `bench/decode_step.py` prints its largest difference from
+mlx's masked attention there. Here (CPU) the routing is checked with the mlx-ops reference in its place.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import mlx.core as mx
+import pytest
+
+from omlx_jobs.worker import attention
+from omlx_jobs.worker.engine import Engine, EngineConfig, WorkItem
+from omlx_jobs.worker.model import LoadedModel, load
+from tests.test_engine import greedy, mixed_prompts, run
+from tests.tiny_model import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def wide_loaded(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    """The tiny model with 64-wide heads, a size the kernel takes (the default tiny model's are 16)."""
+    return load(str(build_tiny_model(tmp_path_factory.mktemp("wide") / "m", hidden_size=256)))
+
+
+def test_reference_attends_from_each_rows_first_real_key() -> None:
+    mx.random.seed(1)
+    q = mx.random.normal((3, 4, 1, 64))
+    k = mx.random.normal((3, 2, 20, 64))
+    v = mx.random.normal((3, 2, 20, 64))
+    start = mx.array([0, 7, 19], dtype=mx.int32)
+    out = attention.ragged_reference(q, k, v, start, 0.125)
+    for b, s in enumerate(start.tolist()):
+        row = mx.fast.scaled_dot_product_attention(q[b : b + 1], k[b : b + 1, :, s:], v[b : b + 1, :, s:], scale=0.125)
+        assert mx.allclose(out[b : b + 1], row, atol=1e-5), f"row {b}"
+
+
+def test_engine_decodes_through_the_kernel_with_identical_tokens(wide_loaded: LoadedModel) -> None:
+    prompts = mixed_prompts(wide_loaded)  # different lengths: the decode batch is left-padded
+    items = [WorkItem(i, p, greedy(8)) for i, p in enumerate(prompts)]
+    config = EngineConfig(completion_batch_size=6, prefill_batch_size=3, min_shared_tokens=8)
+    stock = run(Engine(wide_loaded, config), items)
+
+    calls: list[tuple[int, ...]] = []
+
+    def spy(q: mx.array, k: mx.array, v: mx.array, start: mx.array, scale: float) -> mx.array:
+        calls.append(tuple(q.shape))
+        return attention.ragged_reference(q, k, v, start, scale)
+
+    assert attention.install(wide_loaded.model)
+    with attention.enabled(spy):
+        routed = run(Engine(wide_loaded, config), items)
+    assert calls and all(shape[2] == 1 for shape in calls)  # decode steps only, never a prefill
+    assert max(shape[0] for shape in calls) > 1
+    for i in range(len(prompts)):
+        assert routed[i].choices[0].token_ids == stock[i].choices[0].token_ids, f"prompt {i}"
+
+
+def test_outside_enabled_the_wrapper_is_mlx_lms_own_path(wide_loaded: LoadedModel) -> None:
+    assert attention.install(wide_loaded.model)
+    calls = []
+    with attention.enabled(lambda *a: calls.append(1) or attention.ragged_reference(*a)):
+        pass
+    run(Engine(wide_loaded, EngineConfig()), [WorkItem(0, mixed_prompts(wide_loaded)[0], greedy(4))])
+    assert calls == []
+
+
+def test_only_on_cuda_and_only_for_checked_models_and_shapes(tiny_model_dir: Path) -> None:
+    assert not attention.available()  # these tests run on the CPU
+    assert Engine(load(str(tiny_model_dir))).ragged is False
+    assert attention.install(SimpleNamespace(model_type="gemma3")) is False
+    assert attention.supported(32, 8, 128) and attention.supported(8, 8, 64)
+    assert not attention.supported(4, 2, 16)  # head size
+    assert not attention.supported(64, 2, 128)  # too many query heads per kv head for registers
+    assert not attention.supported(12, 8, 128)
