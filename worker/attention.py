@@ -13,6 +13,7 @@ mlx-lm's own path unchanged.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -105,7 +106,9 @@ _state = threading.local()
 
 
 def available() -> bool:
-    """True where the kernel can run: mlx's CUDA backend is the default device."""
+    """True where the kernel can run (mlx's CUDA backend is the default device) unless OMLX_JOBS_RAGGED_DECODE=0."""
+    if os.environ.get("OMLX_JOBS_RAGGED_DECODE", "1") == "0":
+        return False
     try:
         return bool(mx.cuda.is_available()) and mx.default_device() == mx.gpu
     except AttributeError:

@@ -1,6 +1,7 @@
 """Engine adapter: continuous batching over mlx-lm's BatchGenerator, with planned prefix reuse.
 
-With kv.py and warmup.py, the only code that touches mlx-lm internals (BatchGenerator, KV cache classes).
+With kv.py, warmup.py and attention.py, the only code that touches mlx-lm internals (BatchGenerator, KV cache
+classes, the attention call of a few model modules).
 run(): plan the shard (planner), then admit sequences depth-first, prefilling each shared prefix once
 (a warm-up) and inserting requests with copies of the cached prefix; refill the batch as requests finish.
 """

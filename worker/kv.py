@@ -1,6 +1,7 @@
 """KV caches over mlx-lm's cache classes: cheap views of cached prefixes, compaction, batched prefix prefill.
 
-With engine.py, the only code that touches mlx-lm internals (cache classes, PromptProcessingBatch).
+With engine.py, warmup.py and attention.py, the only code that touches mlx-lm internals (cache classes,
+PromptProcessingBatch).
 """
 
 from __future__ import annotations
