@@ -109,10 +109,9 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(
     assert 0 < recomputed <= 5 * IN_FLIGHT, (seed, recomputed)
 
 
-def test_heartbeat_keeps_a_shard_longer_than_its_ttl_claimed(
-    cluster: Cluster, reference: tuple[Path, dict[str, Any]]
-) -> None:
-    src, expected = reference
+def test_heartbeat_keeps_a_shard_longer_than_its_ttl_claimed(cluster: Cluster) -> None:
+    # Long outputs, so the shard outlasts two TTLs on a fast machine too (2.5 s with 8 tokens on one).
+    src = write_greedy(cluster.tmp / "long.jsonl", N, max_tokens=64)
     args = ("--heartbeat-ttl", "2", "--batch-size", "2", "--prefill-batch-size", "1")  # a beat every 0.5 s
     cluster.store  # noqa: B018  (creates the tables: two workers creating them at once race, see the report)
     workers = [cluster.start_worker(*args, burst=False) for _ in range(2)]
@@ -128,7 +127,9 @@ def test_heartbeat_keeps_a_shard_longer_than_its_ttl_claimed(
     runs = [len(shards_taken(log)) for log in logs]
     assert sorted(runs) == [0, 1], runs  # the idle worker never took the running shard for abandoned...
     assert logs[runs.index(0)].read_text().count("cleaning registries") >= 3  # ...though it looked, every 2 s
-    assert max(r.attempts for r in assert_exactly_once(cluster, job, expected)) == 1
+    rows = cluster.rows(job)  # every request ran once, in that one shard
+    assert len(rows) == N and {r.status for r in rows} == {"completed"}
+    assert max(r.attempts for r in rows) == 1
 
 
 def test_shard_timeout_stops_a_shard_and_the_rest_runs_again(
