@@ -209,6 +209,17 @@ class Engine:
 
         on_admit gets the keys of items about to start (once per refill); on_plan the planned totals.
         """
+        with attention.enabled() if self.ragged else contextlib.nullcontext():
+            return self._run(items, on_results, control, on_admit, on_plan)
+
+    def _run(
+        self,
+        items: Sequence[WorkItem],
+        on_results: Callable[[list[ItemResult]], None],
+        control: Callable[[], Control],
+        on_admit: Callable[[list[Any]], None] | None,
+        on_plan: Callable[[RunStats], None] | None,
+    ) -> RunStats:
         started = time.perf_counter()
         self.warmups.stats = WarmupStats()
         stats = RunStats()
@@ -244,73 +255,72 @@ class Engine:
         pinned: list[tuple[Entry, int]] = []
         done: list[ItemResult] = []
         pos = 0
-        with attention.enabled() if self.ragged else contextlib.nullcontext():
-            try:
-                while True:
-                    mode = control()
-                    if mode in (Control.STOP, Control.CANCEL):
+        try:
+            while True:
+                mode = control()
+                if mode in (Control.STOP, Control.CANCEL):
+                    break
+                batch = the_plan.order[pos : pos + max(0, window - len(active))] if mode is Control.RUN else []
+                if batch and on_admit is not None:
+                    new = [items[seqs[s][0]].key for s in batch if seqs[s][0] not in states]
+                    if new:
+                        on_admit(list(dict.fromkeys(new)))
+                if batch:
+                    # Warm up every shared prefix the next window needs, batched, before admitting into it.
+                    ahead = pos + window
+                    upcoming = []
+                    while next_w < len(warmups) and warmups[next_w].first < ahead:
+                        upcoming.append(warmups[next_w])
+                        next_w += 1
+                    if upcoming:
+                        pinned += self.warmups.ensure(
+                            [(w, keys[the_plan.order[w.first]][: w.depth * 4]) for w in upcoming], gen.stream
+                        )
+                first_tokens = []
+                for s in batch:
+                    self.cache.advance(pos)
+                    pinned = self._release_pins(pinned, pos)
+                    i, c = seqs[s]
+                    first = self._admit(gen, items, i, c, item_keys[i], states, active, stats)
+                    if first is not None:
+                        first_tokens.append(first)
+                    pos += 1
+                self._admit_first_tokens(gen, first_tokens, items, states, active, stats, done)
+                if done:
+                    on_results(done)
+                    done = []
+                if not active:
+                    if mode is not Control.RUN or pos >= len(the_plan.order):
                         break
-                    batch = the_plan.order[pos : pos + max(0, window - len(active))] if mode is Control.RUN else []
-                    if batch and on_admit is not None:
-                        new = [items[seqs[s][0]].key for s in batch if seqs[s][0] not in states]
-                        if new:
-                            on_admit(list(dict.fromkeys(new)))
-                    if batch:
-                        # Warm up every shared prefix the next window needs, batched, before admitting into it.
-                        ahead = pos + window
-                        upcoming = []
-                        while next_w < len(warmups) and warmups[next_w].first < ahead:
-                            upcoming.append(warmups[next_w])
-                            next_w += 1
-                        if upcoming:
-                            pinned += self.warmups.ensure(
-                                [(w, keys[the_plan.order[w.first]][: w.depth * 4]) for w in upcoming], gen.stream
-                            )
-                    first_tokens = []
-                    for s in batch:
-                        self.cache.advance(pos)
-                        pinned = self._release_pins(pinned, pos)
-                        i, c = seqs[s]
-                        first = self._admit(gen, items, i, c, item_keys[i], states, active, stats)
-                        if first is not None:
-                            first_tokens.append(first)
-                        pos += 1
-                    self._admit_first_tokens(gen, first_tokens, items, states, active, stats, done)
-                    if done:
-                        on_results(done)
-                        done = []
-                    if not active:
-                        if mode is not Control.RUN or pos >= len(the_plan.order):
-                            break
+                    continue
+                _, responses = gen.next()  # one step; a long prefill still returns here to check control
+                for r in responses:
+                    seq = active.get(r.uid)
+                    if seq is None:
                         continue
-                    _, responses = gen.next()  # one step; a long prefill still returns here to check control
-                    for r in responses:
-                        seq = active.get(r.uid)
-                        if seq is None:
-                            continue
-                        seq.generated += 1
-                        stats.generation_tokens += 1
-                        reason = r.finish_reason
-                        if reason != "stop":
-                            seq.tokens.append(r.token)
-                            if seq.stops and self._hit_stop(seq):
-                                gen.remove([r.uid])
-                                reason = "stop"
-                        if reason is not None:
-                            del active[r.uid]
-                            self._finish(seq, reason, items, states, done)
-                    if done:
-                        on_results(done)  # committed together: everything that finished in this step
-                        done = []
-            finally:
-                if active:
-                    gen.remove(list(active))
-                stats.prefill_seconds = gen._counters.prompt_time
-                stats.decode_seconds = gen._counters.decode_time
-                gen.close()
-                for entry, _ in pinned:
-                    self.cache.unpin(entry)
-                self.cache.evict_to_fit()
+                    seq.generated += 1
+                    stats.generation_tokens += 1
+                    reason = r.finish_reason
+                    if reason != "stop":
+                        seq.tokens.append(r.token)
+                        if seq.stops and self._hit_stop(seq):
+                            gen.remove([r.uid])
+                            reason = "stop"
+                    if reason is not None:
+                        del active[r.uid]
+                        self._finish(seq, reason, items, states, done)
+                if done:
+                    on_results(done)  # committed together: everything that finished in this step
+                    done = []
+        finally:
+            if active:
+                gen.remove(list(active))
+            stats.prefill_seconds = gen._counters.prompt_time
+            stats.decode_seconds = gen._counters.decode_time
+            gen.close()
+            for entry, _ in pinned:
+                self.cache.unpin(entry)
+            self.cache.evict_to_fit()
         warm = self.warmups.stats
         stats.warmups, stats.warmup_tokens, stats.warmup_seconds = warm.warmups, warm.tokens, warm.seconds
         stats.disk_hits = warm.disk_hits
