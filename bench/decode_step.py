@@ -17,6 +17,7 @@ decode step of mlx-lm's batched KV cache in isolation, side by side in one run:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -25,8 +26,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import omlx_jobs.worker  # noqa: F401  fast BLAS before mlx
 from bench.models import load_bench_model
+from omlx_jobs.worker import attention  # the worker package loads a fast BLAS before mlx
 
 
 def timed(fn: Callable[[], Any], iters: int) -> float:
@@ -66,12 +67,8 @@ def batch_caches(model: Any, b: int, length: int, dtype: Any, padded: bool) -> l
 
 def step_ms(model: Any, b: int, length: int, dtype: Any, mode: str, iters: int) -> float:
     """mode: mask (mlx-lm as is), ragged (our kernel), none (no mask, rows unpadded)."""
-    import contextlib
-
     import mlx.core as mx
     from mlx_lm.models.cache import BatchKVCache
-
-    from omlx_jobs.worker import attention
 
     if mode == "ragged" and not (attention.available() and attention.install(model)):
         return float("nan")
@@ -99,8 +96,6 @@ def step_ms(model: Any, b: int, length: int, dtype: Any, mode: str, iters: int) 
 def sdpa_ms(b: int, length: int, heads: int, kv_heads: int, dim: int, dtype: Any, iters: int) -> list[float]:
     """[ms with no mask, ms with a bool mask, ms of the ragged kernel, kernel's max abs error]."""
     import mlx.core as mx
-
-    from omlx_jobs.worker import attention
 
     q = mx.random.normal((b, heads, 1, dim)).astype(dtype)
     room = (length + 255) // 256 * 256 + 256
@@ -151,8 +146,6 @@ def main() -> None:
     batches = [int(x) for x in args.batches.split(",")]
     contexts = [int(x) for x in args.contexts.split(",")]
     print(f"model {args.model} ({dtype}); device {mx.default_device()}; ms per call, {args.iters} calls each")
-    from omlx_jobs.worker import attention
-
     if attention.available():
         for dim in sorted(attention.HEAD_DIMS):
             err = sdpa_ms(5, 300, 8, 2, dim, dtype, 1)[3]
