@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from omlx_jobs import __version__
+from omlx_jobs import __version__, defaults
 
 SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3, "GB": 1024**3}
 
@@ -26,6 +26,14 @@ def parse_size(text: str) -> int | None:
     if not m:
         raise click.BadParameter(f"{text!r} is not a size; use e.g. 512MB, 2GB or 'none'")
     return int(float(m.group(1)) * SIZE_UNITS[m.group(2)])
+
+
+def format_size(n: int) -> str:
+    """Bytes as parse_size reads them back, in the largest whole unit: 2147483648 -> '2GB'."""
+    for unit in ("GB", "MB", "KB"):
+        if n and n % SIZE_UNITS[unit] == 0:
+            return f"{n // SIZE_UNITS[unit]}{unit}"
+    return str(n)
 
 
 class Size(click.ParamType):
@@ -84,17 +92,24 @@ def engine_options(fn: Any) -> Any:
         click.option("--model", "-m", required=True, help="Model directory, Hugging Face id, or gguf:FILE.gguf."),
         click.option(
             "--batch-size",
-            default=32,
+            default=defaults.BATCH_SIZE,
             show_default=True,
             help="Sequences decoded together. On an NVIDIA GPU try 128: decoding is about 2.8x faster at 1k-token "
             "contexts (bench/decode_step.py); the KV cache grows with it.",
         ),
-        click.option("--prefill-batch-size", default=8, show_default=True, help="Prompts prefilled together."),
-        click.option("--prefill-step", default=2048, show_default=True, help="Prompt tokens per prefill chunk."),
+        click.option(
+            "--prefill-batch-size",
+            default=defaults.PREFILL_BATCH_SIZE,
+            show_default=True,
+            help="Prompts prefilled together.",
+        ),
+        click.option(
+            "--prefill-step", default=defaults.PREFILL_STEP, show_default=True, help="Prompt tokens per prefill chunk."
+        ),
         click.option(
             "--cache-memory",
             type=Size(),
-            default="2GB",
+            default=format_size(defaults.CACHE_MEMORY),
             show_default=True,
             help="Memory for cached shared prefixes ('none' = unbounded). The prefix being used right now "
             "is kept even when larger.",
@@ -105,10 +120,16 @@ def engine_options(fn: Any) -> Any:
             envvar="OMLX_JOBS_CACHE_DIR",
             help="Keep shared-prefix caches on disk here, for later jobs and restarted workers.",
         ),
-        click.option("--cache-dir-size", type=Size(), default="10GB", show_default=True, help="Disk cache cap."),
+        click.option(
+            "--cache-dir-size",
+            type=Size(),
+            default=format_size(defaults.CACHE_DIR_BYTES),
+            show_default=True,
+            help="Disk cache cap.",
+        ),
         click.option(
             "--min-shared-tokens",
-            default=16,
+            default=defaults.MIN_SHARED_TOKENS,
             show_default=True,
             help="Shortest shared prefix worth prefilling once for a group of requests.",
         ),
@@ -132,7 +153,7 @@ def _engine(kw: dict[str, Any]) -> Any:
         min_shared_tokens=kw["min_shared_tokens"],
         cache_memory=kw["cache_memory"],
         cache_dir=kw["cache_dir"],
-        cache_dir_bytes=kw["cache_dir_size"] or 10 * 1024**3,
+        cache_dir_bytes=kw["cache_dir_size"] or defaults.CACHE_DIR_BYTES,
     )
     click.echo(f"loading {kw['model']} ...", err=True)
     loaded = model_mod.load(kw["model"], context_length=kw["context_length"])
@@ -170,7 +191,9 @@ def _print_rejection(load: Any) -> None:
 @click.option("--skip-invalid", is_flag=True, help="Run the valid lines; record bad ones as failed requests.")
 @click.option("--wait", is_flag=True, help="Show a progress bar until the job finishes.")
 @click.option("--shard-size", type=int, help="Requests per shard (default: one shard per job).")
-@click.option("--shard-timeout", type=int, default=24 * 3600, show_default=True, help="Seconds a shard may run.")
+@click.option(
+    "--shard-timeout", type=int, default=defaults.SHARD_TIMEOUT, show_default=True, help="Seconds a shard may run."
+)
 @db_option
 @redis_option
 def submit(
@@ -421,14 +444,14 @@ def resume(job_id: str, db: str | None, redis_url: str | None) -> None:
 @click.option("--burst", is_flag=True, help="Exit when the queue is empty.")
 @click.option(
     "--drain-timeout",
-    default=60.0,
+    default=defaults.DRAIN_TIMEOUT,
     show_default=True,
     help="On SIGTERM/Ctrl-C, seconds in-flight requests get to finish before the rest go back.",
 )
 @click.option("--name", help="Worker name (default: RQ's).")
 @click.option(
     "--heartbeat-ttl",
-    default=45,
+    default=defaults.HEARTBEAT_TTL,
     show_default=True,
     help="Seconds a running shard stays claimed without a heartbeat. A killed worker's shard runs again "
     "within about TTL + min(TTL, 30) seconds, on any idle worker.",

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from redis import Redis
 
+from omlx_jobs.errors import SERVER_ERROR_CODES
 from omlx_jobs.jobs import lifecycle
-from omlx_jobs.jobs.output import SERVER_ERROR_CODES
 from omlx_jobs.jobs.queue import (
     DEFAULT_SHARD_TIMEOUT,
     RedisUnavailable,

@@ -7,32 +7,19 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-# Every code an InputError can carry (submit adds "empty_file"): the input is wrong, retrying won't help.
-INPUT_ERROR_CODES = frozenset(
-    {
-        "invalid_request",
-        "invalid_encoding",
-        "line_too_long",
-        "invalid_json",
-        "duplicate_key",
-        "invalid_type",
-        "missing_field",
-        "empty_value",
-        "out_of_range",
-        "too_long",
-        "invalid_value",
-        "unknown_field",
-        "unsupported_parameter",
-        "unsupported_method",
-        "unsupported_url",
-        "endpoint_mismatch",
-        "conflicting_fields",
-        "invalid_role",
-        "unsupported_content",
-        "duplicate_custom_id",
-        "empty_file",
-    }
-)
+from omlx_jobs.errors import INPUT_ERROR_CODES, ErrorCode, OmlxError
+
+__all__ = [
+    "INPUT_ERROR_CODES",
+    "BadValue",
+    "ErrorCode",
+    "InputError",
+    "InvalidLine",
+    "check_text",
+    "describe",
+    "did_you_mean",
+    "shown",
+]
 
 
 @dataclass(frozen=True)
@@ -43,7 +30,10 @@ class InputError:
     message: str
     field: str | None = None
     custom_id: str | None = None
-    code: str = "invalid_request"
+    code: ErrorCode = ErrorCode.INVALID_REQUEST
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "code", ErrorCode(self.code))  # an unknown code fails here, loudly
 
     def __str__(self) -> str:
         where = f"line {self.line}" if self.line else "file"
@@ -58,23 +48,26 @@ class InputError:
             "line": self.line,
             "field": self.field,
             "custom_id": self.custom_id,
-            "code": self.code,
+            "code": self.code.value,
             "message": self.message,
         }
 
 
-class InvalidLine(ValueError):
+class InvalidLine(OmlxError, ValueError):
+    """A line that fails validation, with its InputError."""
+
     def __init__(self, error: InputError) -> None:
         super().__init__(str(error))
         self.error = error
+        self.code = error.code
 
 
-class BadValue(Exception):
+class BadValue(OmlxError):
     """A value that fails validation; parse_line turns it into an InputError for its line."""
 
-    def __init__(self, code: str, field: str | None, message: str) -> None:
+    def __init__(self, code: ErrorCode, field: str | None, message: str) -> None:
         super().__init__(message)
-        self.code = code
+        self.code = ErrorCode(code)
         self.field = field
         self.message = message
 
@@ -114,7 +107,7 @@ def check_text(value: str, name: str) -> str:
     except UnicodeEncodeError as exc:
         bad = ord(value[exc.start])
         raise BadValue(
-            "invalid_encoding",
+            ErrorCode.INVALID_ENCODING,
             name,
             f"holds an unpaired surrogate \\u{bad:04x}, which is not valid Unicode; fix the escape",
         ) from None

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from omlx_jobs.errors import OmlxError
 from omlx_jobs.jobs.output import OUTPUT_COLUMNS, output_lines
 from omlx_jobs.store import Store
 
@@ -20,8 +21,8 @@ class ExportCounts:
     pending: int = 0
 
 
-class OutputExists(FileExistsError):
-    pass
+class OutputExists(OmlxError, FileExistsError):
+    """An output file exists and --force was not given."""
 
 
 def _open_atomic(path: Path) -> tuple[IO[str], str]:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.errors import (
     INPUT_ERROR_CODES,
     BadValue,
@@ -83,35 +84,39 @@ class ParsedRequest:
 def _messages(value: Any, where: str) -> list[dict[str, str]]:
     name = f"{where}messages"
     if not isinstance(value, list):
-        raise BadValue("invalid_type", name, f"must be a list of messages, got {describe(value)}")
+        raise BadValue(ErrorCode.INVALID_TYPE, name, f"must be a list of messages, got {describe(value)}")
     if not value:
-        raise BadValue("empty_value", name, 'must not be empty: give at least one message, e.g. {"role": "user", ...}')
+        raise BadValue(
+            ErrorCode.EMPTY_VALUE, name, 'must not be empty: give at least one message, e.g. {"role": "user", ...}'
+        )
     out = []
     for i, msg in enumerate(value):
         here = f"{name}[{i}]"
         if not isinstance(msg, dict):
-            raise BadValue("invalid_type", here, f"must be an object with role and content, got {describe(msg)}")
+            raise BadValue(
+                ErrorCode.INVALID_TYPE, here, f"must be an object with role and content, got {describe(msg)}"
+            )
         extra = sorted(set(msg) - {"role", "content"})
         if extra:
             raise BadValue(
-                "unknown_field",
+                ErrorCode.UNKNOWN_FIELD,
                 f"{here}.{extra[0]}",
                 "unsupported message field; a message takes role and content only",
             )
         role = msg.get("role")
         if role is None:
-            raise BadValue("missing_field", f"{here}.role", f"is missing; use one of {', '.join(ROLES)}")
+            raise BadValue(ErrorCode.MISSING_FIELD, f"{here}.role", f"is missing; use one of {', '.join(ROLES)}")
         if not isinstance(role, str) or role not in ROLES:
             hint = "; tool and function calls are not supported" if role in ("tool", "function") else ""
             raise BadValue(
-                "invalid_role", f"{here}.role", f"must be one of {', '.join(ROLES)}, got {describe(role)}{hint}"
+                ErrorCode.INVALID_ROLE, f"{here}.role", f"must be one of {', '.join(ROLES)}, got {describe(role)}{hint}"
             )
         if msg.get("content") is None:
-            raise BadValue("missing_field", f"{here}.content", "is missing or null; give the message text")
+            raise BadValue(ErrorCode.MISSING_FIELD, f"{here}.content", "is missing or null; give the message text")
         content = _content(msg["content"], f"{here}.content")
         if not content and role != "assistant":
             raise BadValue(
-                "empty_value", f"{here}.content", "must not be empty; give the message text or drop the message"
+                ErrorCode.EMPTY_VALUE, f"{here}.content", "must not be empty; give the message text or drop the message"
             )
         out.append({"role": role, "content": content})
     return out
@@ -121,13 +126,15 @@ def _content(value: Any, name: str) -> str:
     if isinstance(value, str):
         return check_text(value, name)
     if not isinstance(value, list):
-        raise BadValue("invalid_type", name, f"must be a string or a list of content parts, got {describe(value)}")
+        raise BadValue(
+            ErrorCode.INVALID_TYPE, name, f"must be a string or a list of content parts, got {describe(value)}"
+        )
     texts = []
     for j, part in enumerate(value):
         here = f"{name}[{j}]"
         if not isinstance(part, dict):
             raise BadValue(
-                "invalid_type",
+                ErrorCode.INVALID_TYPE,
                 here,
                 f'must be a content part object like {{"type": "text", ...}}, got {describe(part)}',
             )
@@ -135,15 +142,15 @@ def _content(value: Any, name: str) -> str:
         if kind == "text":
             text = part.get("text")
             if not isinstance(text, str):
-                raise BadValue("invalid_type", f"{here}.text", f"must be a string, got {describe(text)}")
+                raise BadValue(ErrorCode.INVALID_TYPE, f"{here}.text", f"must be a string, got {describe(text)}")
             texts.append(check_text(text, f"{here}.text"))
         elif kind is None:
             raise BadValue(
-                "missing_field", f"{here}.type", 'is missing; text parts are {"type": "text", "text": "..."}'
+                ErrorCode.MISSING_FIELD, f"{here}.type", 'is missing; text parts are {"type": "text", "text": "..."}'
             )
         else:
             raise BadValue(
-                "unsupported_content",
+                ErrorCode.UNSUPPORTED_CONTENT,
                 f"{here}.type",
                 f"content part type {kind!r} is not supported (images, audio and files are not); send text parts only",
             )
@@ -154,20 +161,20 @@ def _prompt(value: Any, where: str) -> str | list[int]:
     name = f"{where}prompt"
     if isinstance(value, str):
         if not value:
-            raise BadValue("empty_value", name, "must not be empty; give the prompt text")
+            raise BadValue(ErrorCode.EMPTY_VALUE, name, "must not be empty; give the prompt text")
         return check_text(value, name)
     if not isinstance(value, list):
-        raise BadValue("invalid_type", name, f"must be a string or a list of token ids, got {describe(value)}")
+        raise BadValue(ErrorCode.INVALID_TYPE, name, f"must be a string or a list of token ids, got {describe(value)}")
     if not value:
-        raise BadValue("empty_value", name, "must not be empty; give the prompt text")
+        raise BadValue(ErrorCode.EMPTY_VALUE, name, "must not be empty; give the prompt text")
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise BadValue(
-            "invalid_type",
+            ErrorCode.INVALID_TYPE,
             name,
             "must be a string or a list of integer token ids; for several prompts, put each on its own line",
         )
     if any(t < 0 for t in value):
-        raise BadValue("out_of_range", name, "token ids must be non-negative")
+        raise BadValue(ErrorCode.OUT_OF_RANGE, name, "token ids must be non-negative")
     return list(value)
 
 
@@ -175,7 +182,9 @@ def _prompt(value: Any, where: str) -> str | list[int]:
 
 
 def _no_constants(name: str) -> Any:
-    raise BadValue("invalid_json", None, f"invalid JSON: {name} is not allowed in JSON; use a finite number or null")
+    raise BadValue(
+        ErrorCode.INVALID_JSON, None, f"invalid JSON: {name} is not allowed in JSON; use a finite number or null"
+    )
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -184,7 +193,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         seen: set[str] = set()
         for k, _ in pairs:
             if k in seen:
-                raise BadValue("duplicate_key", k, "appears twice in the same object; keep one")
+                raise BadValue(ErrorCode.DUPLICATE_KEY, k, "appears twice in the same object; keep one")
             seen.add(k)
     return out
 
@@ -204,15 +213,17 @@ def _decode(text: str) -> Any:
         else:
             hint = "each line must be one JSON object"
         raise BadValue(
-            "invalid_json", None, f"invalid JSON at column {exc.colno}: {exc.msg.removesuffix(' starting at')}; {hint}"
+            ErrorCode.INVALID_JSON,
+            None,
+            f"invalid JSON at column {exc.colno}: {exc.msg.removesuffix(' starting at')}; {hint}",
         ) from None
     except ValueError as exc:  # an integer literal past Python's 4300-digit limit
         digits = re.search(r"has (\d+) digits", str(exc))
         what = f"a {digits.group(1)}-digit integer" if digits else "a number"
-        raise BadValue("out_of_range", None, f"{what} is far too large; use a 64-bit value") from None
+        raise BadValue(ErrorCode.OUT_OF_RANGE, None, f"{what} is far too large; use a 64-bit value") from None
     except RecursionError:
         raise BadValue(
-            "invalid_json", None, "invalid JSON: nested too deeply; a request needs only a few levels"
+            ErrorCode.INVALID_JSON, None, "invalid JSON: nested too deeply; a request needs only a few levels"
         ) from None
     return value
 
@@ -223,7 +234,9 @@ def parse_line(text: str, line: int) -> ParsedRequest:
     try:
         obj = _decode(text)
         if not isinstance(obj, dict):
-            raise BadValue("invalid_type", None, f"each line must be a JSON object {{...}}, got {describe(obj)}")
+            raise BadValue(
+                ErrorCode.INVALID_TYPE, None, f"each line must be a JSON object {{...}}, got {describe(obj)}"
+            )
         if isinstance(obj.get("custom_id"), str):
             custom_id = obj["custom_id"]
         if any(k in obj for k in ("body", "url", "method")):
@@ -240,21 +253,25 @@ def parse_line(text: str, line: int) -> ParsedRequest:
 def _check_custom_id(obj: dict[str, Any], required: bool) -> None:
     if "custom_id" not in obj:
         if required:
-            raise BadValue("missing_field", "custom_id", "is missing; every OpenAI batch line needs a unique custom_id")
+            raise BadValue(
+                ErrorCode.MISSING_FIELD, "custom_id", "is missing; every OpenAI batch line needs a unique custom_id"
+            )
         return
     cid = obj["custom_id"]
     if not isinstance(cid, str):
-        raise BadValue("invalid_type", "custom_id", f'must be a string, got {describe(cid)}; quote it, e.g. "req-1"')
+        raise BadValue(
+            ErrorCode.INVALID_TYPE, "custom_id", f'must be a string, got {describe(cid)}; quote it, e.g. "req-1"'
+        )
     if not cid:
-        raise BadValue("empty_value", "custom_id", "must not be empty; give each line a unique id")
+        raise BadValue(ErrorCode.EMPTY_VALUE, "custom_id", "must not be empty; give each line a unique id")
     if len(cid) > MAX_CUSTOM_ID_CHARS:
         raise BadValue(
-            "too_long", "custom_id", f"is {len(cid)} characters; the limit is {MAX_CUSTOM_ID_CHARS}, shorten it"
+            ErrorCode.TOO_LONG, "custom_id", f"is {len(cid)} characters; the limit is {MAX_CUSTOM_ID_CHARS}, shorten it"
         )
     check_text(cid, "custom_id")
     if any(ord(c) < 32 or ord(c) == 127 for c in cid):
         raise BadValue(
-            "invalid_value", "custom_id", "must not hold control characters (newlines, tabs, NUL); remove them"
+            ErrorCode.INVALID_VALUE, "custom_id", "must not hold control characters (newlines, tabs, NUL); remove them"
         )
 
 
@@ -262,7 +279,7 @@ def _openai_line(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     extra = sorted(set(obj) - set(BATCH_KEYS))
     if extra:
         raise BadValue(
-            "unknown_field",
+            ErrorCode.UNKNOWN_FIELD,
             extra[0],
             f"unknown top-level field{did_you_mean(extra[0], BATCH_KEYS)}; a batch line has custom_id, method, url "
             "and body. Put request parameters inside body",
@@ -270,33 +287,41 @@ def _openai_line(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     _check_custom_id(obj, required=True)
     method = obj.get("method")
     if method is None:
-        raise BadValue("missing_field", "method", 'is missing; use "POST"')
+        raise BadValue(ErrorCode.MISSING_FIELD, "method", 'is missing; use "POST"')
     if method != "POST":
-        raise BadValue("unsupported_method", "method", f'must be "POST", got {shown(method)}')
+        raise BadValue(ErrorCode.UNSUPPORTED_METHOD, "method", f'must be "POST", got {shown(method)}')
     url = obj.get("url")
     if url is None:
-        raise BadValue("missing_field", "url", f"is missing; use {CHAT_URL} or {COMPLETIONS_URL}")
+        raise BadValue(ErrorCode.MISSING_FIELD, "url", f"is missing; use {CHAT_URL} or {COMPLETIONS_URL}")
     if url not in ENDPOINTS:
-        raise BadValue("unsupported_url", "url", f"unsupported url {shown(url)}; use {CHAT_URL} or {COMPLETIONS_URL}")
+        raise BadValue(
+            ErrorCode.UNSUPPORTED_URL, "url", f"unsupported url {shown(url)}; use {CHAT_URL} or {COMPLETIONS_URL}"
+        )
     body = obj.get("body")
     if body is None:
-        raise BadValue("missing_field", "body", 'is missing; give the request as an object, e.g. {"messages": [...]}')
+        raise BadValue(
+            ErrorCode.MISSING_FIELD, "body", 'is missing; give the request as an object, e.g. {"messages": [...]}'
+        )
     if not isinstance(body, dict):
-        raise BadValue("invalid_type", "body", f"must be an object, got {describe(body)}")
+        raise BadValue(ErrorCode.INVALID_TYPE, "body", f"must be an object, got {describe(body)}")
     if url == CHAT_URL:
         if "prompt" in body:
             raise BadValue(
-                "endpoint_mismatch", "body.prompt", f"{CHAT_URL} takes messages; use {COMPLETIONS_URL} for a prompt"
+                ErrorCode.ENDPOINT_MISMATCH,
+                "body.prompt",
+                f"{CHAT_URL} takes messages; use {COMPLETIONS_URL} for a prompt",
             )
         if "messages" not in body:
-            raise BadValue("missing_field", "body.messages", f"is missing; {CHAT_URL} needs a list of messages")
+            raise BadValue(ErrorCode.MISSING_FIELD, "body.messages", f"is missing; {CHAT_URL} needs a list of messages")
         return url, {"messages": _messages(body["messages"], "body."), **validate_params(body, "body.")}
     if "messages" in body:
         raise BadValue(
-            "endpoint_mismatch", "body.messages", f"{COMPLETIONS_URL} takes a prompt; use {CHAT_URL} for messages"
+            ErrorCode.ENDPOINT_MISMATCH,
+            "body.messages",
+            f"{COMPLETIONS_URL} takes a prompt; use {CHAT_URL} for messages",
         )
     if "prompt" not in body:
-        raise BadValue("missing_field", "body.prompt", f"is missing; {COMPLETIONS_URL} needs a prompt")
+        raise BadValue(ErrorCode.MISSING_FIELD, "body.prompt", f"is missing; {COMPLETIONS_URL} needs a prompt")
     return url, {"prompt": _prompt(body["prompt"], "body."), **validate_params(body, "body.")}
 
 
@@ -305,13 +330,13 @@ def _shorthand_line(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     rest = {k: v for k, v in obj.items() if k != "custom_id"}
     has_messages, has_prompt = "messages" in rest, "prompt" in rest
     if has_messages and has_prompt:
-        raise BadValue("conflicting_fields", "prompt", "give either prompt or messages, not both")
+        raise BadValue(ErrorCode.CONFLICTING_FIELDS, "prompt", "give either prompt or messages, not both")
     if has_messages:
         return CHAT_URL, {"messages": _messages(rest["messages"], ""), **validate_params(rest, "")}
     if has_prompt:
         return COMPLETIONS_URL, {"prompt": _prompt(rest["prompt"], ""), **validate_params(rest, "")}
     raise BadValue(
-        "missing_field",
+        ErrorCode.MISSING_FIELD,
         None,
         'a line needs "prompt" or "messages" (shorthand), or custom_id, method, url and body (OpenAI batch format)',
     )
@@ -343,7 +368,7 @@ def parse_stream(stream: IO[bytes]) -> Iterator[ParsedRequest | InputError]:
                 f"duplicate custom_id: line {first} already uses it{hint}; custom_ids must be unique, rename one",
                 field="custom_id",
                 custom_id=req.custom_id,
-                code="duplicate_custom_id",
+                code=ErrorCode.DUPLICATE_CUSTOM_ID,
             )
             continue
         seen[req.custom_id] = line_no

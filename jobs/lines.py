@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import IO
 
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.errors import InputError
 
 MAX_LINE_BYTES = 1024 * 1024
@@ -15,7 +16,7 @@ def _too_long(line_no: int, size: int, limit: int) -> InputError:
     return InputError(
         line_no,
         f"line is {size:,} bytes; the limit is {limit:,} bytes per line. Shorten this request",
-        code="line_too_long",
+        code=ErrorCode.LINE_TOO_LONG,
     )
 
 
@@ -24,7 +25,7 @@ def _not_utf8(line_no: int, raw: bytes, exc: UnicodeDecodeError) -> InputError:
         what = "the file looks gzip-compressed; decompress it first"
     else:
         what = f"byte 0x{raw[exc.start]:02x} at offset {exc.start} is not valid UTF-8; save the file as UTF-8"
-    return InputError(line_no, what, code="invalid_encoding")
+    return InputError(line_no, what, code=ErrorCode.INVALID_ENCODING)
 
 
 def iter_lines(stream: IO[bytes], max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, str | InputError]]:
@@ -48,7 +49,7 @@ def iter_lines(stream: IO[bytes], max_line_bytes: int = MAX_LINE_BYTES) -> Itera
             yield line_no, _too_long(line_no, size, max_line_bytes)
             continue
         if line_no == 1 and raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
-            yield line_no, InputError(line_no, "the file is UTF-16; save it as UTF-8", code="invalid_encoding")
+            yield line_no, InputError(line_no, "the file is UTF-16; save it as UTF-8", code=ErrorCode.INVALID_ENCODING)
             return
         # A BOM starts a UTF-8 file; one at the start of a later line comes from joining files with cat.
         content = raw[3:] if raw.startswith(UTF8_BOM) else raw

@@ -6,12 +6,8 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from omlx_jobs.errors import SERVER_ERROR_CODES, ErrorCode
 from omlx_jobs.jobs.formats import CHAT_URL
-
-# Failures of ours (the engine, a lost worker): retrying can help. Every other code means the request itself
-# is wrong (input validation, a prompt over the context), reported as a 400 like OpenAI does.
-SERVER_ERROR_CODES = frozenset({"server_error", "engine_error", "too_many_attempts", "worker_lost", "timeout"})
-
 
 # The request columns an output line reads: export asks the store for these only (never the prompt bodies).
 OUTPUT_COLUMNS = (
@@ -110,13 +106,13 @@ def output_line(row: Any, job_id: str, model: str) -> tuple[dict[str, Any], bool
                 "custom_id": row.custom_id,
                 "response": None,
                 "error": {
-                    "code": "batch_cancelled",
+                    "code": ErrorCode.BATCH_CANCELLED.value,
                     "message": "the job was cancelled before this request ran",
                 },
             },
             True,
         )
-    code = row.error_code or "server_error"
+    code = row.error_code or ErrorCode.SERVER_ERROR.value
     client = code not in SERVER_ERROR_CODES
     return (
         {

@@ -6,13 +6,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from omlx_jobs import defaults
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.errors import BadValue, check_text, describe, did_you_mean
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
 MAX_TOKENS_LIMIT = 131072
 MAX_N = 64
-DEFAULT_MAX_TOKENS = 256
+DEFAULT_MAX_TOKENS = defaults.MAX_TOKENS
 # Accepted for compatibility with OpenAI files; the job's --model decides which model runs.
 PASSTHROUGH_KEYS = ("model",)
 
@@ -54,38 +56,42 @@ class SamplingParams:
 
 def _check_int(name: str, value: Any, lo: int, hi: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
-        raise BadValue("invalid_type", name, f"must be an integer, got {describe(value)}")
+        raise BadValue(ErrorCode.INVALID_TYPE, name, f"must be an integer, got {describe(value)}")
     if not lo <= value <= hi:
-        raise BadValue("out_of_range", name, f"must be between {lo} and {hi}, got {value}")
+        raise BadValue(ErrorCode.OUT_OF_RANGE, name, f"must be between {lo} and {hi}, got {value}")
     return value
 
 
 def _check_float(name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise BadValue("invalid_type", name, f"must be a number, got {describe(value)}")
+        raise BadValue(ErrorCode.INVALID_TYPE, name, f"must be a number, got {describe(value)}")
     value = float(value)
     if not math.isfinite(value):
-        raise BadValue("out_of_range", name, f"must be a finite number, got {value}")
+        raise BadValue(ErrorCode.OUT_OF_RANGE, name, f"must be a finite number, got {value}")
     if value < lo or value > hi or (lo_open and value == lo):
         interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
-        raise BadValue("out_of_range", name, f"must be in {interval}, got {value:g}")
+        raise BadValue(ErrorCode.OUT_OF_RANGE, name, f"must be in {interval}, got {value:g}")
     return value
 
 
 def _check_stop(name: str, value: Any) -> list[str]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list):
-        raise BadValue("invalid_type", name, f"must be a string or a list of strings, got {describe(value)}")
+        raise BadValue(ErrorCode.INVALID_TYPE, name, f"must be a string or a list of strings, got {describe(value)}")
     if len(stops) > MAX_STOP_STRINGS:
-        raise BadValue("out_of_range", name, f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}")
+        raise BadValue(
+            ErrorCode.OUT_OF_RANGE, name, f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}"
+        )
     for i, s in enumerate(stops):
         here = f"{name}[{i}]" if isinstance(value, list) else name
         if not isinstance(s, str):
-            raise BadValue("invalid_type", here, f"each stop sequence must be a string, got {describe(s)}")
+            raise BadValue(ErrorCode.INVALID_TYPE, here, f"each stop sequence must be a string, got {describe(s)}")
         if not s:
-            raise BadValue("empty_value", here, "stop strings must not be empty; remove it")
+            raise BadValue(ErrorCode.EMPTY_VALUE, here, "stop strings must not be empty; remove it")
         if len(s) > MAX_STOP_CHARS:
-            raise BadValue("too_long", here, f"is {len(s)} characters; stop strings are limited to {MAX_STOP_CHARS}")
+            raise BadValue(
+                ErrorCode.TOO_LONG, here, f"is {len(s)} characters; stop strings are limited to {MAX_STOP_CHARS}"
+            )
         check_text(s, here)
     return list(stops)
 
@@ -116,18 +122,20 @@ def validate_params(source: dict[str, Any], where: str) -> dict[str, Any]:
             continue
         if key in PASSTHROUGH_KEYS:
             if value is not None and not isinstance(value, str):
-                raise BadValue("invalid_type", name, f"must be a string, got {describe(value)}")
+                raise BadValue(ErrorCode.INVALID_TYPE, name, f"must be a string, got {describe(value)}")
             continue
         if key == "stream":
             if value not in (False, None):
                 raise BadValue(
-                    "unsupported_parameter", name, "streaming is not available in a batch; remove it or set false"
+                    ErrorCode.UNSUPPORTED_PARAMETER,
+                    name,
+                    "streaming is not available in a batch; remove it or set false",
                 )
             continue
         check = _PARAM_CHECKS.get(key)
         if check is None:
             raise BadValue(
-                "unsupported_parameter",
+                ErrorCode.UNSUPPORTED_PARAMETER,
                 name,
                 f"unsupported parameter {key!r}{did_you_mean(key, SUPPORTED_PARAMS)}; remove it. "
                 f"Supported: {', '.join(SUPPORTED_PARAMS)}",
@@ -138,7 +146,7 @@ def validate_params(source: dict[str, Any], where: str) -> dict[str, Any]:
         mct = out.pop("max_completion_tokens")
         if "max_tokens" in out and out["max_tokens"] != mct:
             raise BadValue(
-                "conflicting_fields",
+                ErrorCode.CONFLICTING_FIELDS,
                 f"{where}max_tokens",
                 f"max_tokens ({out['max_tokens']}) and max_completion_tokens ({mct}) disagree; give only one",
             )

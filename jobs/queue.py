@@ -10,14 +10,17 @@ from redis.exceptions import RedisError
 from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+from omlx_jobs import defaults
+from omlx_jobs.errors import OmlxError
+
+DEFAULT_REDIS_URL = defaults.REDIS_URL
 SHARD_FUNC = "omlx_jobs.worker.entry.run_shard"
 QUEUE_PREFIX = "omlx:"
-DEFAULT_SHARD_TIMEOUT = 24 * 3600
+DEFAULT_SHARD_TIMEOUT = defaults.SHARD_TIMEOUT
 SHARD_RETRIES = 3
 
 
-class RedisUnavailable(RuntimeError):
+class RedisUnavailable(OmlxError, RuntimeError):
     """Redis cannot be reached; the message says which URL and what to do."""
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from queue import Queue
 from typing import IO, Any
 
+from omlx_jobs.errors import ErrorCode, OmlxError
 from omlx_jobs.jobs import lifecycle
 from omlx_jobs.jobs.formats import InputError, parse_stream
 from omlx_jobs.store import RequestStatus, Store
@@ -34,7 +35,7 @@ class LoadResult:
         return f"{self.valid} request(s){skipped}"
 
 
-class EmptyInput(ValueError):
+class EmptyInput(OmlxError, ValueError):
     pass
 
 
@@ -148,7 +149,7 @@ def load_job(
     writer.check()
 
     if result.valid + result.invalid == 0:
-        result.errors.append(InputError(0, "the file holds no requests", code="empty_file"))
+        result.errors.append(InputError(0, "the file holds no requests", code=ErrorCode.EMPTY_FILE))
         result.invalid = 1
     if (result.invalid and not skip_invalid) or result.valid == 0:
         result.rejected = True
@@ -172,7 +173,7 @@ def _failed_row(job_id: str, idx: int, error: InputError) -> dict[str, Any]:
         "endpoint": "",
         "body": None,
         "status": RequestStatus.FAILED,
-        "error_code": error.code,
+        "error_code": error.code.value,
         "error_message": str(error),
         "finished_at": time.time(),
     }

@@ -28,6 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.store import statements as st
 from omlx_jobs.store.errors import JobNotFound, StoreError, retrying, safe_url
 from omlx_jobs.store.models import FINAL_REQUEST_STATUSES, Base, Job, Request, RequestStatus
@@ -323,7 +324,7 @@ class Store:
                 .where(Request.id == request_id, Request.status == RequestStatus.PENDING)
                 .values(
                     status=RequestStatus.FAILED,
-                    error_code=code,
+                    error_code=str(code),  # an ErrorCode's value, or a plain string
                     error_message=message,
                     prompt_tokens=prompt_tokens,
                     finished_at=time.time(),
@@ -356,7 +357,7 @@ class Store:
         """
         failed = Request.status == RequestStatus.FAILED
         if retry_codes is not None:
-            failed = and_(failed, Request.error_code.in_(list(retry_codes)))
+            failed = and_(failed, Request.error_code.in_([str(c) for c in retry_codes]))
         which = or_(failed, Request.status == RequestStatus.CANCELLED) if include_cancelled else failed
         with self.engine.begin() as conn:
             return conn.execute(
@@ -368,7 +369,7 @@ class Store:
                     error_message=None,
                     finished_at=None,
                     # A request given up after too many attempts gets a fresh allowance; others keep theirs.
-                    attempts=case((Request.error_code == "too_many_attempts", 0), else_=Request.attempts),
+                    attempts=case((Request.error_code == ErrorCode.TOO_MANY_ATTEMPTS.value, 0), else_=Request.attempts),
                 )
             ).rowcount
 

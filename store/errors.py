@@ -10,13 +10,15 @@ from typing import Any, ParamSpec, TypeVar
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
+from omlx_jobs.errors import OmlxError
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
 LOCK_RETRIES = 8
 
 
-class StoreError(RuntimeError):
+class StoreError(OmlxError, RuntimeError):
     """The database refused a write or read in a way the user must fix (disk full, read-only, unreachable)."""
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from redis import Redis
 
+from omlx_jobs import defaults
+from omlx_jobs.errors import OmlxError
 from omlx_jobs.jobs.actions import shard_timeout_of
 from omlx_jobs.jobs.queue import Shard, enqueue_shards
 from omlx_jobs.store import Store, StoreError
@@ -22,10 +24,10 @@ from omlx_jobs.worker.engine import Control, Engine
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DRAIN_TIMEOUT = 60.0
+DEFAULT_DRAIN_TIMEOUT = defaults.DRAIN_TIMEOUT
 
 
-class UnknownJob(LookupError):
+class UnknownJob(OmlxError, LookupError):
     """A shard message names a job that is not in this worker's store."""
 
 

@@ -23,6 +23,8 @@ from typing import Any, BinaryIO
 import mlx.core as mx
 import numpy as np
 
+from omlx_jobs.errors import OmlxError
+
 # Bump when the output of convert_gguf changes, so cached conversions are redone.
 CONVERTER_VERSION = 1
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
@@ -54,7 +56,7 @@ BLOCK_NAMES = {
 _TENSOR_NAME = re.compile(r"(?:blk\.(?P<block>\d+)\.)?(?P<base>\w+)\.(?P<kind>weight|bias|scales|biases)")
 
 
-class GGUFError(ValueError):
+class GGUFError(OmlxError, ValueError):
     """A GGUF file this converter cannot turn into an MLX model; the message says what is supported."""
 
 

@@ -8,22 +8,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from omlx_jobs.errors import ErrorCode, OmlxError
 from omlx_jobs.jobs.formats import CHAT_URL
 
 GGUF_PREFIX = "gguf:"
 
 
-class PromptError(Exception):
+class PromptError(OmlxError):
     """A request that cannot run on this model; `code` is stored as the request's error code."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
-        self.code = code
+        self.code = ErrorCode(code)
         self.message = message
 
 
-class ModelLoadError(RuntimeError):
-    pass
+class ModelLoadError(OmlxError, RuntimeError):
+    """The model cannot be found or loaded; the message says what to pass instead."""
 
 
 @dataclass
@@ -46,25 +47,25 @@ class LoadedModel:
             return self._encode_chat(body["messages"])
         prompt = body["prompt"]
         if isinstance(prompt, list):
-            bad = [t for t in prompt if t >= self.vocab_size]
+            vocab = self.vocab_size  # once, not once per token
+            bad = [t for t in prompt if t >= vocab]
             if bad:
-                raise PromptError(
-                    "invalid_prompt", f"token id {bad[0]} is outside the vocabulary (size {self.vocab_size})"
-                )
+                message = f"token id {bad[0]} is outside the vocabulary (size {vocab})"
+                raise PromptError(ErrorCode.INVALID_PROMPT, message)
             return list(prompt)
         tok = self.tokenizer
         # As mlx_lm.generate does: add special tokens unless the text already starts with BOS.
         add_special = tok.bos_token is None or not prompt.startswith(tok.bos_token)
         ids = tok.encode(prompt, add_special_tokens=add_special)
         if not ids:
-            raise PromptError("invalid_prompt", "the prompt tokenizes to nothing")
+            raise PromptError(ErrorCode.INVALID_PROMPT, "the prompt tokenizes to nothing")
         return list(ids)
 
     def _encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         tok = self.tokenizer
         if not getattr(tok, "chat_template", None):
             raise PromptError(
-                "no_chat_template", "this model has no chat template; send prompts to /v1/completions instead"
+                ErrorCode.NO_CHAT_TEMPLATE, "this model has no chat template; send prompts to /v1/completions instead"
             )
         # A final assistant message is continued (a prefill), not answered.
         cont = messages[-1]["role"] == "assistant"
@@ -76,7 +77,8 @@ class LoadedModel:
                 tokenize=True,
             )
         except Exception as exc:  # jinja raises for roles or orders a template does not support
-            raise PromptError("chat_template_error", f"the chat template rejected these messages: {exc}") from exc
+            message = f"the chat template rejected these messages: {exc}"
+            raise PromptError(ErrorCode.CHAT_TEMPLATE_ERROR, message) from exc
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return [int(t) for t in ids]

@@ -18,19 +18,21 @@ from rq.queue import Queue
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker, WorkerStatus
 
+from omlx_jobs import defaults
+from omlx_jobs.errors import OmlxError
 from omlx_jobs.jobs.queue import SHARD_FUNC
 from omlx_jobs.store import StoreError
 from omlx_jobs.worker.entry import WorkerContext
 
 log = logging.getLogger(__name__)
 
-DEFAULT_HEARTBEAT_TTL = 45
+DEFAULT_HEARTBEAT_TTL = defaults.HEARTBEAT_TTL
 """A running shard's registry entry lives this long without a heartbeat; beats come every TTL/4 seconds.
 A dead worker's shard is queued again within TTL + min(TTL, 30) seconds by any idle worker's maintenance."""
 
 
-class RefusedPayload(RuntimeError):
-    pass
+class RefusedPayload(OmlxError, RuntimeError):
+    """A queued message that is not a shard of ours (another function, or not JSON): never run."""
 
 
 class OmlxWorker(SimpleWorker):

@@ -1,0 +1,104 @@
+"""Error codes and the base error class of omlx-jobs.
+
+A leaf module: it imports nothing of ours, so every layer (the store and the client included) may use it
+without pulling anything else in. The codes' values are what users see in stored rows and output files.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ErrorCode(str, Enum):
+    """Every typed error code omlx-jobs stores or prints. A member equals its value (`"invalid_json"`)."""
+
+    # The input line is wrong (submit-time validation): retrying will not help.
+    INVALID_REQUEST = "invalid_request"
+    INVALID_ENCODING = "invalid_encoding"
+    LINE_TOO_LONG = "line_too_long"
+    INVALID_JSON = "invalid_json"
+    DUPLICATE_KEY = "duplicate_key"
+    INVALID_TYPE = "invalid_type"
+    MISSING_FIELD = "missing_field"
+    EMPTY_VALUE = "empty_value"
+    OUT_OF_RANGE = "out_of_range"
+    TOO_LONG = "too_long"
+    INVALID_VALUE = "invalid_value"
+    UNKNOWN_FIELD = "unknown_field"
+    UNSUPPORTED_PARAMETER = "unsupported_parameter"
+    UNSUPPORTED_METHOD = "unsupported_method"
+    UNSUPPORTED_URL = "unsupported_url"
+    ENDPOINT_MISMATCH = "endpoint_mismatch"
+    CONFLICTING_FIELDS = "conflicting_fields"
+    INVALID_ROLE = "invalid_role"
+    UNSUPPORTED_CONTENT = "unsupported_content"
+    DUPLICATE_CUSTOM_ID = "duplicate_custom_id"
+    EMPTY_FILE = "empty_file"
+    # The request cannot run on the worker's model (found at run time): permanent too.
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    INVALID_PROMPT = "invalid_prompt"
+    NO_CHAT_TEMPLATE = "no_chat_template"
+    CHAT_TEMPLATE_ERROR = "chat_template_error"
+    # Failures of ours (the engine, a lost worker): retrying can help.
+    SERVER_ERROR = "server_error"
+    ENGINE_ERROR = "engine_error"
+    TOO_MANY_ATTEMPTS = "too_many_attempts"
+    WORKER_LOST = "worker_lost"
+    TIMEOUT = "timeout"
+    # Output lines of requests that never ran because their job was cancelled.
+    BATCH_CANCELLED = "batch_cancelled"
+
+    def __str__(self) -> str:  # the value, as users see it (not "ErrorCode.X")
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+# Codes an input line can get at submit: the line is wrong.
+INPUT_ERROR_CODES = frozenset(
+    {
+        ErrorCode.INVALID_REQUEST,
+        ErrorCode.INVALID_ENCODING,
+        ErrorCode.LINE_TOO_LONG,
+        ErrorCode.INVALID_JSON,
+        ErrorCode.DUPLICATE_KEY,
+        ErrorCode.INVALID_TYPE,
+        ErrorCode.MISSING_FIELD,
+        ErrorCode.EMPTY_VALUE,
+        ErrorCode.OUT_OF_RANGE,
+        ErrorCode.TOO_LONG,
+        ErrorCode.INVALID_VALUE,
+        ErrorCode.UNKNOWN_FIELD,
+        ErrorCode.UNSUPPORTED_PARAMETER,
+        ErrorCode.UNSUPPORTED_METHOD,
+        ErrorCode.UNSUPPORTED_URL,
+        ErrorCode.ENDPOINT_MISMATCH,
+        ErrorCode.CONFLICTING_FIELDS,
+        ErrorCode.INVALID_ROLE,
+        ErrorCode.UNSUPPORTED_CONTENT,
+        ErrorCode.DUPLICATE_CUSTOM_ID,
+        ErrorCode.EMPTY_FILE,
+    }
+)
+
+# Failures of ours: output lines report them as 500s, and `retry` runs them again. Every other code means
+# the request itself is wrong, reported as a 400 as OpenAI does.
+SERVER_ERROR_CODES = frozenset(
+    {
+        ErrorCode.SERVER_ERROR,
+        ErrorCode.ENGINE_ERROR,
+        ErrorCode.TOO_MANY_ATTEMPTS,
+        ErrorCode.WORKER_LOST,
+        ErrorCode.TIMEOUT,
+    }
+)
+
+
+class OmlxError(Exception):
+    """Base of every error omlx-jobs raises on purpose. Its message says what went wrong and what to do.
+
+    `code` is set on errors that are stored or shown with a typed code (a request's failure, a bad line).
+    """
+
+    code: ErrorCode | None = None
