@@ -8,20 +8,17 @@ from typing import Any
 
 from omlx_jobs.errors import SERVER_ERROR_CODES, ErrorCode
 from omlx_jobs.jobs.formats import CHAT_URL
+from omlx_jobs.store.rows import RESULT_COLUMNS
 
 # The request columns an output line reads: export asks the store for these only (never the prompt bodies).
+# A new result column (store/rows.py) is read without a change here.
 OUTPUT_COLUMNS = (
     "id",
     "idx",
     "custom_id",
     "endpoint",
     "status",
-    "output_text",
-    "more_choices",
-    "finish_reason",
-    "prompt_tokens",
-    "cached_tokens",
-    "completion_tokens",
+    *RESULT_COLUMNS,
     "error_code",
     "error_message",
     "finished_at",

@@ -32,6 +32,7 @@ from omlx_jobs.errors import ErrorCode
 from omlx_jobs.store import statements as st
 from omlx_jobs.store.errors import JobNotFound, StoreError, retrying, safe_url
 from omlx_jobs.store.models import FINAL_REQUEST_STATUSES, Base, Job, Request, RequestStatus
+from omlx_jobs.store.rows import CompletionRow
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -284,35 +285,20 @@ class Store:
                 )
 
     def record_completion(self, request_id: int, **fields: Any) -> bool:
-        """Store one finished request (see record_completions)."""
-        return self.record_completions([{"id": request_id, **fields}]) == 1
+        """Store one finished request; `fields` are CompletionRow's (a wrong name raises TypeError)."""
+        return self.record_completions([CompletionRow(id=request_id, **fields)]) == 1
 
     @retrying
-    def record_completions(self, results: list[dict[str, Any]]) -> int:
+    def record_completions(self, results: Sequence[CompletionRow]) -> int:
         """Store finished requests in one transaction; returns how many were stored.
 
-        Each dict has id, output_text, finish_reason, prompt_tokens, cached_tokens, completion_tokens and
-        optionally more_choices and started_at. Only a pending request takes a result, so there is never a
-        second one.
+        Only a pending request takes a result, so there is never a second one.
         """
         now = time.time()
         stored = 0
         with self.engine.begin() as conn:
-            for r in results:
-                stored += conn.execute(
-                    st.COMPLETE,
-                    {
-                        "rid": r["id"],
-                        "output_text": r["output_text"],
-                        "more_choices": r.get("more_choices"),
-                        "finish_reason": r["finish_reason"],
-                        "prompt_tokens": r["prompt_tokens"],
-                        "cached_tokens": r["cached_tokens"],
-                        "completion_tokens": r["completion_tokens"],
-                        "started": r.get("started_at"),
-                        "finished_at": now,
-                    },
-                ).rowcount
+            for row in results:
+                stored += conn.execute(st.COMPLETE, st.completion_params(row, now)).rowcount
         return stored
 
     @retrying

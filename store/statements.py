@@ -12,6 +12,7 @@ from sqlalchemy import Connection, Text, bindparam, func, insert, update
 from sqlalchemy.exc import DBAPIError
 
 from omlx_jobs.store.models import Request, RequestStatus
+from omlx_jobs.store.rows import RESULT_COLUMNS, CompletionRow
 
 REQUEST_INSERT_FIELDS = (
     "job_id",
@@ -70,24 +71,29 @@ def copy_requests(conn: Connection, values: list[tuple[Any, ...]]) -> None:
         raise DBAPIError.instance(COPY_REQUESTS, None, exc, dbapi.Error) from exc
 
 
-# Built once: constructing an UPDATE per result costs more than running it.
+_missing = set(RESULT_COLUMNS) - set(Request.__table__.c.keys())
+if _missing:  # a CompletionRow field without its column: fail at import, not on the first result
+    raise RuntimeError(f"CompletionRow fields {sorted(_missing)} have no column in {Request.__tablename__}")
+
+# Built once: constructing an UPDATE per result costs more than running it. One bound value per result column.
 COMPLETE = (
     update(Request)
     .where(Request.id == bindparam("rid"), Request.status == RequestStatus.PENDING)
     .values(
         status=RequestStatus.COMPLETED,
-        output_text=bindparam("output_text"),
-        more_choices=bindparam("more_choices", type_=Request.__table__.c.more_choices.type),
-        finish_reason=bindparam("finish_reason"),
-        prompt_tokens=bindparam("prompt_tokens"),
-        cached_tokens=bindparam("cached_tokens"),
-        completion_tokens=bindparam("completion_tokens"),
+        **{name: bindparam(name, type_=Request.__table__.c[name].type) for name in RESULT_COLUMNS},
         error_code=None,
         error_message=None,
         started_at=func.coalesce(Request.started_at, bindparam("started")),
         finished_at=bindparam("finished_at"),
     )
 )
+
+
+def completion_params(row: CompletionRow, now: float) -> dict[str, Any]:
+    """COMPLETE's parameters for one row."""
+    params = {name: getattr(row, name) for name in RESULT_COLUMNS}
+    return {"rid": row.id, **params, "started": row.started_at, "finished_at": now}
 
 
 @functools.lru_cache(maxsize=16)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from omlx_jobs.worker.planner import WarmUp, common_prefix_tokens, key_tokens, plan, token_key
+from omlx_jobs.worker.planner import WarmUp, plan
+from omlx_jobs.worker.prompts import common_prefix, key_tokens, token_key
 
 
 def keys(*prompts: list[int]) -> list[bytes]:
@@ -13,9 +14,9 @@ def test_token_key_round_trips_and_orders_like_tokens() -> None:
     a, b = [1, 2, 300000], [1, 2, 4]
     assert key_tokens(token_key(a)) == a
     assert (token_key(a) < token_key(b)) == (a < b)
-    assert common_prefix_tokens(token_key([5, 6, 7, 8]), token_key([5, 6, 9])) == 2
-    assert common_prefix_tokens(token_key([5, 6]), token_key([5, 6, 9])) == 2
-    assert common_prefix_tokens(token_key([]), token_key([1])) == 0
+    assert common_prefix(token_key([5, 6, 7, 8]), token_key([5, 6, 9])) == 2
+    assert common_prefix(token_key([5, 6]), token_key([5, 6, 9])) == 2
+    assert common_prefix(token_key([]), token_key([1])) == 0
 
 
 def test_order_is_depth_first_so_siblings_run_together() -> None:

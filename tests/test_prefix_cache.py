@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from omlx_jobs.worker.planner import token_key
 from omlx_jobs.worker.prefix_cache import PrefixCache
+from omlx_jobs.worker.prompts import token_key
 
 A = list(range(1000, 1020))  # 20 tokens
 

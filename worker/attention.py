@@ -14,7 +14,6 @@ mlx-lm's own path unchanged.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -108,9 +107,9 @@ _state = threading.local()
 
 
 def available() -> bool:
-    """True where the kernel can run (mlx's CUDA backend is the default device) unless OMLX_JOBS_RAGGED_DECODE=0."""
-    if os.environ.get("OMLX_JOBS_RAGGED_DECODE", "1") == "0":
-        return False
+    """True where the kernel can run: mlx's CUDA backend is the default device.
+
+    Whether to use it is EngineConfig.ragged_decode's (OMLX_JOBS_RAGGED_DECODE=0 sets its default off)."""
     try:
         return bool(mx.cuda.is_available()) and mx.default_device() == mx.gpu
     except AttributeError:

@@ -16,7 +16,7 @@ from typing import Any
 
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
-from omlx_jobs.worker.planner import common_prefix_tokens
+from omlx_jobs.worker.prompts import common_prefix, positions
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,8 @@ class DiskCache:
         """
         best: tuple[bytes, int] | None = None
         for saved in self._index:
-            shared = common_prefix_tokens(saved, key)
-            if not trimmable and shared != len(saved) // 4:
+            shared = common_prefix(saved, key)
+            if not trimmable and shared != positions(saved):
                 continue
             if shared >= min_tokens and (best is None or shared > best[1]):
                 best = (saved, shared)

@@ -1,31 +1,41 @@
-"""Engine adapter: continuous batching over mlx-lm's BatchGenerator, with planned prefix reuse.
+"""The engine: continuous batching with planned prefix reuse, read as schedule -> step -> collect.
 
-With kv.py, warmup.py and attention.py, the only code that touches mlx-lm internals (BatchGenerator, KV cache
-classes, the attention call of a few model modules).
-run(): plan the shard (planner), then admit sequences depth-first, prefilling each shared prefix once
-(a warm-up) and inserting requests with copies of the cached prefix; refill the batch as requests finish.
+An Engine holds the model's backend and its prefix cache across runs. A run takes work items and loops until
+they are done or control says stop:
+  schedule  the scheduler names the next window (scheduler.py): its shared prefixes are warmed up first
+            (warmup.py), then each sequence is admitted as a row that starts from its cached prefix, or, when
+            its whole prompt is cached with logits, from those logits
+  step      the backend runs one step of the batch (backend.py, the only code that drives mlx-lm)
+  collect   each row's new tokens go to its sequence (sequence.py, stopping.py); an item whose choices have all
+            finished is handed to on_results at once, then forgotten
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
+import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import mlx.core as mx
-from mlx_lm.generate import BatchGenerator
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
-
+from omlx_jobs import defaults
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.formats import SamplingParams
-from omlx_jobs.worker import attention, kv, planner
+from omlx_jobs.worker.backend import DecodeBatch, ModelBackend, RowOutput, RowSpec
 from omlx_jobs.worker.disk_cache import DiskCache
 from omlx_jobs.worker.model import LoadedModel, PromptError
-from omlx_jobs.worker.prefix_cache import DEFAULT_CACHE_MEMORY, Entry, PrefixCache
+from omlx_jobs.worker.prefix_cache import PrefixCache
+from omlx_jobs.worker.results import Choice, ItemResult, PlanTotals, RunStats
 from omlx_jobs.worker.sampling import SamplerFactory
+from omlx_jobs.worker.scheduler import Admission, Scheduler
+from omlx_jobs.worker.sequence import Collector, SequenceState, WorkItem
+from omlx_jobs.worker.stopping import StopStrings, final_text
 from omlx_jobs.worker.warmup import WarmUps, WarmupStats
+
+__all__ = ["Choice", "Control", "Engine", "EngineConfig", "ItemResult", "RunStats", "WorkItem"]
+
+log = logging.getLogger(__name__)
 
 
 class Control(enum.Enum):
@@ -37,18 +47,19 @@ class Control(enum.Enum):
 
 @dataclass
 class EngineConfig:
-    completion_batch_size: int = 32
-    prefill_batch_size: int = 8
-    prefill_step_size: int = 2048
+    completion_batch_size: int = defaults.BATCH_SIZE
+    prefill_batch_size: int = defaults.PREFILL_BATCH_SIZE
+    prefill_step_size: int = defaults.PREFILL_STEP
     prefix_cache: bool = True
-    min_shared_tokens: int = planner.DEFAULT_MIN_SHARED_TOKENS
-    cache_memory: int | None = DEFAULT_CACHE_MEMORY
+    min_shared_tokens: int = defaults.MIN_SHARED_TOKENS
+    cache_memory: int | None = defaults.CACHE_MEMORY
     cache_dir: str | None = None
-    cache_dir_bytes: int = 10 * 1024**3
+    cache_dir_bytes: int = defaults.CACHE_DIR_BYTES
     ignore_eos: bool = False
     """Generate max_tokens every time (for benchmarks)."""
-    ragged_decode: bool = True
-    """On CUDA, decode attention without mlx-lm's padding mask (worker/attention.py); no effect elsewhere."""
+    ragged_decode: bool = field(default_factory=defaults.ragged_decode)
+    """On CUDA, decode attention without mlx-lm's padding mask (worker/attention.py); no effect elsewhere.
+    Defaults to on unless OMLX_JOBS_RAGGED_DECODE=0."""
 
     def __post_init__(self) -> None:
         if self.completion_batch_size < 1 or self.prefill_batch_size < 1 or self.prefill_step_size < 1:
@@ -58,127 +69,71 @@ class EngineConfig:
 
 
 @dataclass
-class WorkItem:
-    key: Any
-    tokens: list[int]
-    params: SamplingParams
+class _Run:
+    """One run's state, passed to each stage instead of a dozen locals."""
+
+    scheduler: Scheduler
+    batch: DecodeBatch
+    on_results: Callable[[list[ItemResult]], None]
+    control: Callable[[], Control]
+    on_admit: Callable[[list[Any]], None] | None
+    stats: RunStats
+    collector: Collector = field(default_factory=Collector)
+    active: dict[int, SequenceState] = field(default_factory=dict)
+    """Rows in the batch, by row id."""
 
 
 @dataclass
-class Choice:
-    text: str
-    finish_reason: str
-    completion_tokens: int
-    token_ids: list[int]
+class _FromLogits:
+    """A sequence whose whole prompt is cached with its final logits: it starts from them, not from a prompt."""
 
-
-@dataclass
-class ItemResult:
-    key: Any
-    choices: list[Choice]
-    prompt_tokens: int
-    cached_tokens: int
-    started_at: float
-    finished_at: float
-
-    @property
-    def completion_tokens(self) -> int:
-        return sum(c.completion_tokens for c in self.choices)
-
-
-@dataclass
-class RunStats:
-    prompt_tokens: int = 0
-    trie_min_tokens: int = 0
-    prefill_tokens: int = 0
-    """Prompt tokens actually run through the model: warm-ups plus every uncached suffix."""
-    warmup_tokens: int = 0
-    warmups: int = 0
-    warmup_seconds: float = 0.0
-    first_token_reuses: int = 0
-    disk_hits: int = 0
-    generation_tokens: int = 0
-    prefill_seconds: float = 0.0
-    """Time in BatchGenerator's prompt processing (uncached suffixes, including merging cached prefixes)."""
-    decode_seconds: float = 0.0
-    seconds: float = 0.0
-    unfinished: list[Any] = field(default_factory=list)
-    cache_hits: int = 0
-    cache_misses: int = 0
-    cache_evictions: int = 0
-    """Prefix-cache lookups and evictions during this run (the cache itself lives across runs)."""
-
-
-@dataclass
-class _Seq:
-    item: int
-    choice: int
-    stops: tuple[str, ...]
-    tokens: list[int] = field(default_factory=list)
-    generated: int = 0
-    detok: Any = None
-    scanned: int = 0
-
-
-@dataclass
-class _FirstToken:
-    """A sequence whose whole prompt is cached: its first token, sampled from the cached logits (lazily)."""
-
-    seq: _Seq
-    token: mx.array
-    caches: list[Any]
-    sampler: Any
-    processors: list[Any]
-    max_tokens: int
-
-
-@dataclass
-class _ItemState:
-    remaining: int
-    started_at: float
-    cached: int
-    choices: dict[int, Choice] = field(default_factory=dict)
+    seq: SequenceState
+    row: RowSpec
 
 
 class Engine:
-    """Holds the loaded model and its prefix cache across jobs."""
+    """Holds the loaded model, its backend and its prefix cache across jobs."""
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
         self.loaded = loaded
-        self.config = config or EngineConfig()
-        self.model = loaded.model
-        self.tokenizer = loaded.tokenizer
-        probe = make_prompt_cache(self.model)
-        self.trimmable = can_trim_prompt_cache(probe)
-        # Reuse needs caches BatchGenerator can merge; others fall back to no reuse.
-        self.reusable = all(hasattr(c, "merge") for c in probe)
+        self.config = cfg = config or EngineConfig()
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        self.eos = [] if cfg.ignore_eos else sorted(self.tokenizer.eos_token_ids)
+        self.backend = ModelBackend(
+            self.model,
+            eos=self.eos,
+            batch_size=cfg.completion_batch_size,
+            prefill_batch_size=cfg.prefill_batch_size,
+            prefill_step=cfg.prefill_step_size,
+        )
+        if cfg.ragged_decode:
+            self.backend.use_ragged_decode()
         self.cache = PrefixCache(
-            max_bytes=self.config.cache_memory,
-            trimmable=self.trimmable,
-            bucket_tokens=self.config.min_shared_tokens,
+            max_bytes=cfg.cache_memory, trimmable=self.backend.trimmable, bucket_tokens=cfg.min_shared_tokens
         )
         self.disk = (
-            DiskCache(self.config.cache_dir, loaded.identity, max_bytes=self.config.cache_dir_bytes)
-            if self.config.cache_dir and self.config.prefix_cache and self.reusable
+            DiskCache(cfg.cache_dir, loaded.identity, max_bytes=cfg.cache_dir_bytes)
+            if cfg.cache_dir and cfg.prefix_cache and self.backend.reusable
             else None
         )
         self.warmups = WarmUps(
-            self.model,
-            self.cache,
-            self.disk,
-            trimmable=self.trimmable,
-            batch_size=self.config.prefill_batch_size,
-            step=self.config.prefill_step_size,
-            min_tokens=self.config.min_shared_tokens,
+            self.backend, self.cache, self.disk, batch_size=cfg.prefill_batch_size, min_tokens=cfg.min_shared_tokens
         )
         self.samplers = SamplerFactory()
-        self._last_view: tuple[Entry, int, list[Any]] | None = None
-        self.eos = [] if self.config.ignore_eos else sorted(self.tokenizer.eos_token_ids)
-        self.ragged = self.config.ragged_decode and attention.available() and attention.install(self.model)
+        self.window = cfg.completion_batch_size + cfg.prefill_batch_size
+        """Rows in flight at most: the decode batch plus one prefill batch."""
 
     @property
     def prefix_enabled(self) -> bool:
-        return self.config.prefix_cache and self.reusable
+        return self.config.prefix_cache and self.backend.reusable
+
+    @property
+    def trimmable(self) -> bool:
+        return self.backend.trimmable
+
+    @property
+    def ragged(self) -> bool:
+        return self.backend.ragged
 
     # ---- checks ------------------------------------------------------------------------------------
 
@@ -187,315 +142,195 @@ class Engine:
         ctx = self.loaded.context_length
         if len(tokens) >= ctx:
             raise PromptError(
-                "context_length_exceeded",
+                ErrorCode.CONTEXT_LENGTH_EXCEEDED,
                 f"the prompt is {len(tokens)} tokens; this model's context is {ctx} tokens. Shorten the prompt",
             )
 
     def max_new_tokens(self, n_prompt: int, params: SamplingParams) -> int:
         return max(1, min(params.max_tokens, self.loaded.context_length - n_prompt))
 
-    # ---- the run loop --------------------------------------------------------------------------
+    # ---- a run ---------------------------------------------------------------------------------------
 
     def run(
         self,
-        items: Sequence[WorkItem],
+        items: Iterable[WorkItem],
         on_results: Callable[[list[ItemResult]], None],
         control: Callable[[], Control] = lambda: Control.RUN,
         *,
         on_admit: Callable[[list[Any]], None] | None = None,
-        on_plan: Callable[[RunStats], None] | None = None,
+        on_plan: Callable[[PlanTotals], None] | None = None,
+        page_size: int | None = None,
     ) -> RunStats:
         """Generate every item (n choices each); after each step, on_results gets the items that finished in it.
 
-        on_admit gets the keys of items about to start (once per refill); on_plan the planned totals.
+        `items` is read `page_size` items at a time (None: all at once), each page planned as it is read, so a
+        lazy iterable keeps memory bounded. on_admit gets the keys of items about to start (once per refill);
+        on_plan the totals of each planned page.
         """
-        with attention.enabled() if self.ragged else contextlib.nullcontext():
-            return self._run(items, on_results, control, on_admit, on_plan)
-
-    def _run(
-        self,
-        items: Sequence[WorkItem],
-        on_results: Callable[[list[ItemResult]], None],
-        control: Callable[[], Control],
-        on_admit: Callable[[list[Any]], None] | None,
-        on_plan: Callable[[RunStats], None] | None,
-    ) -> RunStats:
-        started = time.perf_counter()
-        self.warmups.stats = WarmupStats()
+        started, before = time.perf_counter(), self.cache.stats.snapshot()
         stats = RunStats()
-        before = self.cache.stats.snapshot()
-        seqs = [(i, c) for i, item in enumerate(items) for c in range(item.params.n)]
-        item_keys = [planner.token_key(item.tokens) for item in items]
-        keys = [item_keys[i] for i, _ in seqs]
-        if self.prefix_enabled:
-            the_plan = planner.plan(keys, self.config.min_shared_tokens)
-        else:  # input order, no warm-ups: what mlx_lm.batch_generate does
-            minimum = planner.plan(keys, 1 << 30)
-            the_plan = planner.Plan(list(range(len(seqs))), [], minimum.trie_min_tokens, minimum.prompt_tokens)
-        stats.trie_min_tokens = the_plan.trie_min_tokens
-        stats.prompt_tokens = the_plan.prompt_tokens
-        if on_plan is not None:
-            on_plan(stats)
-        warmups, next_w = the_plan.warmups, 0
-        for entry in self.cache.entries():
-            entry.needed_until = -1  # left from an earlier run: its subtree here is unknown, evict first
 
-        gen = BatchGenerator(
-            self.model,
-            stop_tokens=[[t] for t in self.eos],
-            completion_batch_size=self.config.completion_batch_size,
-            prefill_batch_size=self.config.prefill_batch_size,
-            prefill_step_size=self.config.prefill_step_size,
+        def on_page(totals: PlanTotals) -> None:
+            stats.prompt_tokens += totals.prompt_tokens
+            stats.trie_min_tokens += totals.trie_min_tokens
+            if on_plan is not None:
+                on_plan(totals)
+
+        scheduler = Scheduler(
+            items,
+            window=self.window,
+            reuse=self.prefix_enabled,
+            min_shared_tokens=self.config.min_shared_tokens,
+            page_size=page_size,
+            on_page=on_page,
         )
-        # mlx-lm copies each finished sequence's KV cache out to return it; nothing here uses it.
-        gen._generation_batch.extract_cache = lambda idx: None
-        window = self.config.completion_batch_size + self.config.prefill_batch_size
-        states: dict[int, _ItemState] = {}
-        active: dict[int, _Seq] = {}
-        pinned: list[tuple[Entry, int]] = []
-        done: list[ItemResult] = []
-        pos = 0
+        scheduler.read_ahead()  # plan before the first admission, as the totals are reported then
+        self.warmups.stats = WarmupStats()
+        self.cache.start_run()
+        run = _Run(scheduler, self.backend.open(), on_results, control, on_admit, stats)
         try:
-            while True:
-                mode = control()
-                if mode in (Control.STOP, Control.CANCEL):
-                    break
-                batch = the_plan.order[pos : pos + max(0, window - len(active))] if mode is Control.RUN else []
-                if batch and on_admit is not None:
-                    new = [items[seqs[s][0]].key for s in batch if seqs[s][0] not in states]
-                    if new:
-                        on_admit(list(dict.fromkeys(new)))
-                if batch:
-                    # Warm up every shared prefix the next window needs, batched, before admitting into it.
-                    ahead = pos + window
-                    upcoming = []
-                    while next_w < len(warmups) and warmups[next_w].first < ahead:
-                        upcoming.append(warmups[next_w])
-                        next_w += 1
-                    if upcoming:
-                        pinned += self.warmups.ensure(
-                            [(w, keys[the_plan.order[w.first]][: w.depth * 4]) for w in upcoming], gen.stream
-                        )
-                first_tokens = []
-                for s in batch:
-                    self.cache.advance(pos)
-                    pinned = self._release_pins(pinned, pos)
-                    i, c = seqs[s]
-                    first = self._admit(gen, items, i, c, item_keys[i], states, active, stats)
-                    if first is not None:
-                        first_tokens.append(first)
-                    pos += 1
-                self._admit_first_tokens(gen, first_tokens, items, states, active, stats, done)
-                if done:
-                    on_results(done)
-                    done = []
-                if not active:
-                    if mode is not Control.RUN or pos >= len(the_plan.order):
-                        break
-                    continue
-                _, responses = gen.next()  # one step; a long prefill still returns here to check control
-                for r in responses:
-                    seq = active.get(r.uid)
-                    if seq is None:
-                        continue
-                    seq.generated += 1
-                    stats.generation_tokens += 1
-                    reason = r.finish_reason
-                    if reason != "stop":
-                        seq.tokens.append(r.token)
-                        if seq.stops and self._hit_stop(seq):
-                            gen.remove([r.uid])
-                            reason = "stop"
-                    if reason is not None:
-                        del active[r.uid]
-                        self._finish(seq, reason, items, states, done)
-                if done:
-                    on_results(done)  # committed together: everything that finished in this step
-                    done = []
-        finally:
-            if active:
-                gen.remove(list(active))
-            stats.prefill_seconds = gen._counters.prompt_time
-            stats.decode_seconds = gen._counters.decode_time
-            gen.close()
-            for entry, _ in pinned:
-                self.cache.unpin(entry)
-            self.cache.evict_to_fit()
-        warm = self.warmups.stats
+            self._loop(run)
+        except BaseException:
+            self._close(run, failed=True)
+            raise
+        self._close(run, failed=False)
+        return self._totals(run, started, before)
+
+    def _loop(self, run: _Run) -> None:
+        """Schedule -> step -> collect, until the work is done or control says stop."""
+        while True:
+            mode = run.control()
+            if mode in (Control.STOP, Control.CANCEL):
+                return
+            if mode is Control.RUN:
+                self._schedule(run)
+            if not run.active:
+                if mode is not Control.RUN or run.scheduler.done:
+                    return
+                continue
+            self._collect(run, run.batch.step())
+
+    # ---- schedule ------------------------------------------------------------------------------------
+
+    def _schedule(self, run: _Run) -> None:
+        """Fill the free rows: warm up the prefixes the next window shares, then admit its sequences."""
+        window = run.scheduler.next_window(free=self.window - len(run.active))
+        if not window.admissions:
+            return
+        if run.on_admit is not None:
+            new = [a.work.key for a in window.admissions if a.item not in run.collector]
+            if new:
+                run.on_admit(list(dict.fromkeys(new)))
+        self.warmups.ensure(window.warmups)
+        from_logits = [p for a in window.admissions if (p := self._admit(run, a)) is not None]
+        self._start_from_logits(run, from_logits)
+        self._commit(run)
+
+    def _admit(self, run: _Run, a: Admission) -> _FromLogits | None:
+        """Insert one sequence as a row from its longest cached prefix; if its whole prompt is cached with logits,
+        return it to start from them (all of a refill together, see _start_from_logits)."""
+        self.cache.advance(a.position)  # groups that ended before this position release their prefixes
+        work, prompt = a.work, a.work.prompt
+        n = len(prompt)
+        seq = SequenceState(a.item, a.choice, self._stops(work.params))
+        row = RowSpec(
+            prompt=[],
+            max_tokens=self.max_new_tokens(n, work.params),
+            sampler=self.samplers.sampler(work.params, a.choice),
+            processors=self.samplers.logits_processors(work.params),
+        )
+        match = self.cache.lookup(prompt.key, limit=n) if self.prefix_enabled else None
+        if match is not None and match.length == n and match.entry.tokens == n and match.entry.logits is not None:
+            run.collector.start(a.item, work, cached=n)
+            run.stats.first_token_reuses += 1
+            row.prefix, row.context, row.logits = match, prompt.tokens, match.entry.logits
+            return _FromLogits(seq, row)
+        if match is not None and match.length >= n:  # the last prompt token must run to give logits
+            match = self.cache.lookup(prompt.key, limit=n - 1, count=False)
+        cached = match.length if match is not None else 0
+        run.collector.start(a.item, work, cached=cached)
+        run.stats.prefill_tokens += n - cached
+        row.prompt, row.prefix, row.context = prompt.tokens[cached:], match, prompt.tokens[:cached]
+        self._insert(run, seq, row)
+        return None
+
+    def _start_from_logits(self, run: _Run, pending: list[_FromLogits]) -> None:
+        """Sample the first tokens of fully cached sequences (one device wait), then finish or insert each."""
+        if not pending:
+            return
+        for p, out in zip(pending, run.batch.first_tokens([p.row for p in pending]), strict=True):
+            run.stats.generation_tokens += len(out.tokens)
+            reason = p.seq.consume(out.tokens, out.finish)
+            if reason is not None:
+                self._finish(run, p.seq, reason)
+                continue
+            p.row.prompt, p.row.max_tokens, p.row.logits = out.tokens, p.row.max_tokens - 1, None
+            self._insert(run, p.seq, p.row)
+
+    def _insert(self, run: _Run, seq: SequenceState, row: RowSpec) -> None:
+        (row_id,) = run.batch.insert([row])
+        run.active[row_id] = seq
+
+    def _stops(self, params: SamplingParams) -> StopStrings | None:
+        return StopStrings(params.stop, self.tokenizer.detokenizer) if params.stop else None
+
+    # ---- collect -------------------------------------------------------------------------------------
+
+    def _collect(self, run: _Run, outputs: list[RowOutput]) -> None:
+        """Hand each row's tokens to its sequence; finish the sequences that ended, and commit their items."""
+        for out in outputs:
+            seq = run.active.get(out.row)
+            if seq is None:
+                continue
+            run.stats.generation_tokens += len(out.tokens)
+            reason = seq.consume(out.tokens, out.finish)
+            if reason is None:
+                continue
+            if out.finish is None:
+                run.batch.remove([out.row])  # a stop string ended it; the backend would go on
+            del run.active[out.row]
+            self._finish(run, seq, reason)
+        self._commit(run)  # together: everything that finished in this step
+
+    def _finish(self, run: _Run, seq: SequenceState, reason: str) -> None:
+        text = self.tokenizer.decode(seq.tokens)
+        if seq.stops is not None:
+            text, reason = final_text(text, seq.stops.stops, reason)
+        run.collector.finish(seq.item, seq.choice, Choice(text, reason, seq.generated, seq.tokens))
+
+    def _commit(self, run: _Run) -> None:
+        results = run.collector.take()
+        if results:
+            run.on_results(results)
+
+    # ---- end of a run --------------------------------------------------------------------------------
+
+    def _close(self, run: _Run, *, failed: bool) -> None:
+        """Close the batch and release every cache hold. Each step runs even if another fails; after a failed run
+        their errors are only logged, so that the run's own error is the one raised."""
+        errors = []
+        for step in (run.batch.close, self.cache.end_run):
+            try:
+                step()
+            except Exception as exc:
+                log.exception("clean-up after a run failed")
+                errors.append(exc)
+        if errors and not failed:
+            raise errors[0]
+
+    def _totals(self, run: _Run, started: float, before: dict[str, int]) -> RunStats:
+        stats, warm, after = run.stats, self.warmups.stats, self.cache.stats.snapshot()
+        stats.prefill_seconds = run.batch.timings.prefill_seconds
+        stats.decode_seconds = run.batch.timings.decode_seconds
         stats.warmups, stats.warmup_tokens, stats.warmup_seconds = warm.warmups, warm.tokens, warm.seconds
         stats.disk_hits = warm.disk_hits
-        after = self.cache.stats.snapshot()
+        stats.prefill_tokens += warm.tokens
         stats.cache_hits = after["hits"] - before["hits"]
         stats.cache_misses = after["misses"] - before["misses"]
         stats.cache_evictions = after["evictions"] - before["evictions"]
-        stats.prefill_tokens += warm.tokens
-        stats.unfinished = [items[i].key for i in range(len(items)) if i not in states or states[i].remaining]
+        left = {**run.collector.unfinished(), **run.scheduler.not_started()}
+        stats.unfinished = [left[i].key for i in sorted(left)]
+        stats.input_exhausted = run.scheduler.input_exhausted
+        stats.peak_live_items = run.collector.peak
         stats.seconds = time.perf_counter() - started
         return stats
-
-    def _release_pins(self, pinned: list[tuple[Entry, int]], pos: int) -> list[tuple[Entry, int]]:
-        keep = []
-        for entry, last in pinned:
-            if last < pos:
-                self.cache.unpin(entry)
-            else:
-                keep.append((entry, last))
-        if len(keep) != len(pinned):
-            self.cache.evict_to_fit()
-        return keep
-
-    # ---- admission -------------------------------------------------------------------------------
-
-    def _admit(
-        self,
-        gen: BatchGenerator,
-        items: Sequence[WorkItem],
-        i: int,
-        choice: int,
-        key: bytes,
-        states: dict[int, _ItemState],
-        active: dict[int, _Seq],
-        stats: RunStats,
-    ) -> _FirstToken | None:
-        """Insert one sequence; if its whole prompt is cached with logits, return its lazily sampled first token.
-
-        Those are finished by _admit_first_tokens, all of a refill at once: reading a token back waits for the
-        device, and one wait per request (while a decode step is in flight) cost more than it saved on a GPU.
-        """
-        item = items[i]
-        tokens, params = item.tokens, item.params
-        n = len(tokens)
-        sampler = self.samplers.sampler(params, choice)
-        processors = self.samplers.logits_processors(params)
-        max_tokens = self.max_new_tokens(n, params)
-        seq = _Seq(item=i, choice=choice, stops=params.stop)
-        if seq.stops:
-            seq.detok = self.tokenizer.detokenizer
-            seq.detok.reset()
-
-        match = self.cache.lookup(key, limit=n) if self.prefix_enabled else None
-        if match is not None and match.length == n and match.entry.tokens == n and match.entry.logits is not None:
-            # The whole prompt is cached with its final logits: sample the first token from them.
-            self._note_start(states, i, item, cached=n)
-            stats.first_token_reuses += 1
-            first = self._sample_first(match.entry.logits, tokens, sampler, processors)
-            return _FirstToken(seq, first, self._view(match.entry, n), sampler, processors, max_tokens)
-        if match is not None and match.length >= n:
-            match = self.cache.lookup(key, limit=n - 1, count=False)
-        cached = match.length if match is not None else 0
-        self._note_start(states, i, item, cached=cached)
-        stats.prefill_tokens += n - cached
-        caches = self._view(match.entry, cached) if match is not None else None
-        self._insert(gen, active, seq, tokens[cached:], caches, list(tokens[:cached]), sampler, processors, max_tokens)
-        return None
-
-    def _admit_first_tokens(
-        self,
-        gen: BatchGenerator,
-        pending: list[_FirstToken],
-        items: Sequence[WorkItem],
-        states: dict[int, _ItemState],
-        active: dict[int, _Seq],
-        stats: RunStats,
-        done: list[ItemResult],
-    ) -> None:
-        """Read the first tokens of a refill's fully cached sequences back at once, then finish or insert them."""
-        if not pending:
-            return
-        mx.eval([p.token for p in pending])
-        for p in pending:
-            seq, first = p.seq, int(p.token.item())
-            seq.generated = 1
-            stats.generation_tokens += 1
-            if first in self.eos:
-                self._finish(seq, "stop", items, states, done)
-                continue
-            seq.tokens.append(first)
-            if p.max_tokens == 1 or (seq.stops and self._hit_stop(seq)):
-                self._finish(seq, "length" if p.max_tokens == 1 else "stop", items, states, done)
-                continue
-            tokens = items[seq.item].tokens
-            self._insert(gen, active, seq, [first], p.caches, list(tokens), p.sampler, p.processors, p.max_tokens - 1)
-
-    @staticmethod
-    def _insert(
-        gen: BatchGenerator,
-        active: dict[int, _Seq],
-        seq: _Seq,
-        prompt: list[int],
-        caches: list[Any] | None,
-        all_tokens: list[int],
-        sampler: Any,
-        processors: list[Any],
-        max_tokens: int,
-    ) -> None:
-        (uid,) = gen.insert(
-            [prompt],
-            max_tokens=[max_tokens],
-            caches=[caches],
-            all_tokens=[all_tokens],
-            samplers=[sampler],
-            logits_processors=[processors],
-        )
-        active[uid] = seq
-
-    def _view(self, entry: Entry, length: int) -> list[Any]:
-        """kv.view, reused across the consecutive admissions of a group (they share one prefix view)."""
-        if self._last_view is None or self._last_view[0] is not entry or self._last_view[1] != length:
-            self._last_view = (entry, length, kv.view(entry.value, entry.tokens, length))
-        return self._last_view[2]
-
-    def _note_start(self, states: dict[int, _ItemState], i: int, item: WorkItem, cached: int) -> None:
-        state = states.get(i)
-        if state is None:
-            states[i] = _ItemState(remaining=item.params.n, started_at=time.time(), cached=cached)
-        else:
-            state.cached = min(state.cached, cached)
-
-    def _sample_first(self, logits: mx.array, tokens: list[int], sampler: Any, processors: list[Any]) -> mx.array:
-        if processors:
-            context = mx.array(tokens)
-            for proc in processors:
-                logits = proc(context, logits)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        return sampler(logprobs) if sampler is not None else mx.argmax(logprobs, axis=-1)
-
-    # ---- finishing ---------------------------------------------------------------------------------
-
-    def _hit_stop(self, seq: _Seq) -> bool:
-        """Feed the newest token to the sequence's detokenizer; True once a stop string appears."""
-        seq.detok.add_token(seq.tokens[-1])
-        text = seq.detok.text
-        longest = max(len(s) for s in seq.stops)
-        start = max(0, seq.scanned - longest + 1)
-        seq.scanned = len(text)
-        return any(s in text[start:] for s in seq.stops)
-
-    def _finish(
-        self,
-        seq: _Seq,
-        reason: str,
-        items: Sequence[WorkItem],
-        states: dict[int, _ItemState],
-        done: list[ItemResult],
-    ) -> None:
-        text = self.tokenizer.decode(seq.tokens)
-        if seq.stops:
-            cut = min((p for p in (text.find(s) for s in seq.stops) if p >= 0), default=-1)
-            if cut >= 0:
-                text, reason = text[:cut], "stop"
-        state = states[seq.item]
-        state.choices[seq.choice] = Choice(text, reason, seq.generated, list(seq.tokens))
-        state.remaining -= 1
-        if state.remaining == 0:
-            item = items[seq.item]
-            done.append(
-                ItemResult(
-                    key=item.key,
-                    choices=[state.choices[c] for c in range(item.params.n)],
-                    prompt_tokens=len(item.tokens),
-                    cached_tokens=state.cached,
-                    started_at=state.started_at,
-                    finished_at=time.time(),
-                )
-            )

@@ -1,41 +1,17 @@
 """Prefix planner: a token trie over a shard's prompts, depth-first admission order and warm-up points.
 
-Pure logic, no MLX. Prompts are keyed as big-endian uint32 bytes, so byte order is token order and
-sorting or comparing them runs in C. A depth-first walk of the trie visits prompts in sorted order, so
-the trie is never built node by node: its branch nodes are the LCP intervals of the sorted keys.
+Pure logic, no MLX. Prompts are compared by their keys (prompts.py), whose byte order is position order, so
+sorting and comparing them runs in C. A depth-first walk of the trie visits prompts in sorted order, so the
+trie is never built node by node: its branch nodes are the LCP intervals of the sorted keys.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-DEFAULT_MIN_SHARED_TOKENS = 16
-
-
-def token_key(tokens: Sequence[int]) -> bytes:
-    """Tokens as big-endian uint32 bytes: byte-wise order equals token-wise lexicographic order."""
-    return struct.pack(f">{len(tokens)}I", *tokens)
-
-
-def key_tokens(key: bytes) -> list[int]:
-    return list(struct.unpack(f">{len(key) // 4}I", key))
-
-
-def common_prefix_tokens(a: bytes, b: bytes) -> int:
-    """Length in tokens of the common prefix of two keys (binary search over C-level slice compares)."""
-    hi = min(len(a), len(b)) // 4
-    if a[: hi * 4] == b[: hi * 4]:
-        return hi
-    lo = 0  # a[:lo] == b[:lo] holds; a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[: mid * 4] == b[: mid * 4]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+from omlx_jobs import defaults
+from omlx_jobs.worker.prompts import common_prefix, positions
 
 
 @dataclass(frozen=True)
@@ -59,18 +35,18 @@ class Plan:
     """Prompt tokens over all sequences, as if nothing were shared."""
 
 
-def plan(keys: Sequence[bytes], min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS) -> Plan:
-    """Plan admission for sequences with prompt `keys` (see token_key). Identical keys share the whole prompt.
+def plan(keys: Sequence[bytes], min_shared_tokens: int = defaults.MIN_SHARED_TOKENS) -> Plan:
+    """Plan admission for sequences with prompt `keys` (prompts.token_key). Identical keys share the whole prompt.
 
     A warm-up point is a trie node shared by at least two sequences and at least `min_shared_tokens` deep,
     or a prompt that several sequences have in full (any length).
     """
     n = len(keys)
     order = sorted(range(n), key=keys.__getitem__)
-    lengths = [len(keys[i]) // 4 for i in order]
+    lengths = [positions(keys[i]) for i in order]
     lcp = [0] * (n + 1)  # lcp[i]: common prefix of order[i-1] and order[i]; lcp[0] = lcp[n] = 0
     for i in range(1, n):
-        lcp[i] = common_prefix_tokens(keys[order[i - 1]], keys[order[i]])
+        lcp[i] = common_prefix(keys[order[i - 1]], keys[order[i]])
     trie_min = sum(lengths[i] - lcp[i] for i in range(n))
 
     # Enumerate LCP intervals (depth, lb, rb) with a stack; each is a branch node of the trie.

@@ -1,7 +1,8 @@
 """In-memory prefix cache: longest-prefix lookup, byte budget, finished-subtree-first then LRU eviction.
 
 Pure policy over opaque values (the engine stores mlx-lm KV caches in them), so it is tested without MLX.
-Keys are token keys (see planner.token_key).
+Keys are prompt keys (prompts.py). Which entries the run still needs or holds is kept by `lifetimes`
+(lifetimes.py), the only writer of an entry's `needed_until` and `pins`.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from omlx_jobs.worker.planner import common_prefix_tokens
-
-DEFAULT_CACHE_MEMORY = 2 * 1024**3
+from omlx_jobs import defaults
+from omlx_jobs.worker.lifetimes import Lifetimes
+from omlx_jobs.worker.prompts import common_prefix, key_prefix, positions
 
 
 @dataclass(eq=False)
@@ -21,16 +22,17 @@ class Entry:
     value: Any
     nbytes: int
     needed_until: int = -1
-    """Last admission position that needs this prefix; past it, the entry's subtree is finished."""
+    """Last admission position that needs this prefix; past it, the entry's subtree is finished (lifetimes.py)."""
     logits: Any = None
     """Logits after the last prefix token, when known: a request whose whole prompt is the key can start
     generating from them without recomputing its last token."""
     last_used: int = 0
     pins: int = 0
+    """Holds on this entry (lifetimes.py); a pinned entry is in use and never evicted."""
 
     @property
     def tokens(self) -> int:
-        return len(self.key) // 4
+        return positions(self.key)
 
 
 @dataclass(frozen=True)
@@ -56,11 +58,11 @@ class CacheStats:
 class PrefixCache:
     """Entries bounded by `max_bytes` (None: unbounded). Pinned entries (in use right now) are never evicted."""
 
-    max_bytes: int | None = DEFAULT_CACHE_MEMORY
+    max_bytes: int | None = defaults.CACHE_MEMORY
     trimmable: bool = True
     bucket_tokens: int = 16
     """Entries are indexed by their first tokens; shorter shared prefixes are not worth a lookup."""
-    position: int = 0
+    lifetimes: Lifetimes = field(default_factory=Lifetimes)
     stats: CacheStats = field(default_factory=CacheStats)
     _entries: dict[bytes, Entry] = field(default_factory=dict)
     _buckets: dict[bytes, list[Entry]] = field(default_factory=dict)
@@ -79,8 +81,7 @@ class PrefixCache:
         return self._entries.get(key)
 
     def _bucket(self, key: bytes) -> bytes | None:
-        n = self.bucket_tokens * 4
-        return key[:n] if len(key) >= n else None
+        return key_prefix(key, self.bucket_tokens) if positions(key) >= self.bucket_tokens else None
 
     def lookup(self, key: bytes, limit: int | None = None, *, count: bool = True) -> Match | None:
         """The entry sharing the longest prefix with `key`, reusing at most `limit` tokens.
@@ -88,13 +89,13 @@ class PrefixCache:
         Without trimmable caches only entries that are whole prefixes of `key` (and fit `limit`) match.
         """
         bucket = self._bucket(key)
-        limit = len(key) // 4 if limit is None else limit
+        limit = positions(key) if limit is None else limit
         best: Match | None = None
         exact = self._entries.get(key)  # a whole prompt cached as is (identical prompts), however short
         if exact is not None and (self.trimmable or exact.tokens <= limit) and min(exact.tokens, limit) > 0:
             best = Match(exact, min(exact.tokens, limit))
         for entry in self._buckets.get(bucket, ()) if bucket is not None else ():
-            shared = common_prefix_tokens(entry.key, key)
+            shared = common_prefix(entry.key, key)
             if self.trimmable:
                 use = min(shared, limit)
             elif shared == entry.tokens and entry.tokens <= limit:
@@ -123,12 +124,16 @@ class PrefixCache:
         logits: Any = None,
         pin: bool = False,
     ) -> Entry:
-        """Insert (or replace) an entry, optionally pinned, then evict others to fit the budget."""
+        """Insert (or replace) an entry needed until `needed_until` (pinned until then if `pin`), then evict
+        others to fit the budget."""
         old = self._entries.get(key)
         if old is not None:
             self._remove(old)
-        entry = Entry(key, value, nbytes, needed_until=needed_until, logits=logits, last_used=next(self._clock))
-        entry.pins = int(pin)
+        entry = Entry(key, value, nbytes, logits=logits, last_used=next(self._clock))
+        if pin:
+            self.lifetimes.hold(entry, needed_until)
+        else:
+            self.lifetimes.need(entry, needed_until)
         self._entries[key] = entry
         bucket = self._bucket(key)
         if bucket is not None:
@@ -138,20 +143,32 @@ class PrefixCache:
         self.evict_to_fit(keep=entry)
         return entry
 
-    def pin(self, entry: Entry) -> None:
-        entry.pins += 1
+    def hold(self, entry: Entry, until: int) -> None:
+        """Pin an entry (a warm-up found it cached) until admission passes position `until`."""
+        self.lifetimes.hold(entry, until)
 
     def unpin(self, entry: Entry) -> None:
-        entry.pins = max(0, entry.pins - 1)
+        """Drop one hold now; raises LifetimeError if the entry is not held."""
+        self.lifetimes.release(entry)
+
+    def start_run(self) -> None:
+        """A new run: no entry is needed by it yet, and none may still be held."""
+        self.lifetimes.start_run(self._entries.values())
 
     def advance(self, position: int) -> None:
-        """Admission has reached `position`: entries needed only before it now hold finished subtrees."""
-        self.position = position
+        """Admission has reached `position`: groups that ended before it release their entries, which may go."""
+        if self.lifetimes.advance(position):
+            self.evict_to_fit()
+
+    def end_run(self) -> None:
+        """The run ended, or failed: release every hold, then fit the budget."""
+        self.lifetimes.release_all()
+        self.evict_to_fit()
 
     def eviction_order(self) -> list[Entry]:
         """Unpinned entries, finished subtrees first, then least recently used."""
         candidates = [e for e in self._entries.values() if e.pins == 0]
-        return sorted(candidates, key=lambda e: (e.needed_until >= self.position, e.last_used))
+        return sorted(candidates, key=lambda e: (not self.lifetimes.finished(e), e.last_used))
 
     def evict_to_fit(self, keep: Entry | None = None) -> list[Entry]:
         evicted: list[Entry] = []

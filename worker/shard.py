@@ -10,15 +10,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from omlx_jobs import defaults
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs import lifecycle
 from omlx_jobs.jobs.formats import SamplingParams
 from omlx_jobs.store import Store
-from omlx_jobs.worker.engine import Control, Engine, ItemResult, RunStats, WorkItem
+from omlx_jobs.worker.engine import Control, Engine
 from omlx_jobs.worker.model import PromptError
+from omlx_jobs.worker.results import ItemResult, PlanTotals, RunStats, completion_row
+from omlx_jobs.worker.sequence import WorkItem
 
 log = logging.getLogger(__name__)
 
-MAX_ATTEMPTS = 10
+MAX_ATTEMPTS = defaults.MAX_ATTEMPTS
 """A request started this many times without a result (worker crashes, engine errors) fails for good."""
 STATUS_POLL_SECONDS = 1.0
 
@@ -70,6 +74,19 @@ class _JobWatch:
         return self.external() if self.external else Control.RUN
 
 
+def store_results(store: Store, results: list[ItemResult]) -> tuple[int, int]:
+    """Commit a step's results: completions in one transaction (completion_row maps them), then each failure.
+
+    Returns how many of each were stored (a request that already has a final result takes no second one).
+    """
+    completed = store.record_completions([completion_row(r) for r in results if r.error is None])
+    failed = 0
+    for r in results:
+        if r.error is not None:
+            failed += store.record_failure(r.key, r.error.code, r.error.message, prompt_tokens=r.prompt_tokens)
+    return completed, failed
+
+
 def run_shard(
     store: Store,
     engine: Engine,
@@ -98,7 +115,7 @@ def run_shard(
         if req.attempts >= MAX_ATTEMPTS:
             store.record_failure(
                 req.id,
-                "too_many_attempts",
+                ErrorCode.TOO_MANY_ATTEMPTS,
                 f"started {req.attempts} times without finishing (worker crashes or engine errors); "
                 "run `omlx-jobs retry JOB` to try again",
             )
@@ -116,28 +133,16 @@ def run_shard(
         items.append(WorkItem(req.id, tokens, params))
 
     def on_results(results: list[ItemResult]) -> None:
-        outcome.completed += store.record_completions(
-            [
-                {
-                    "id": r.key,
-                    "output_text": r.choices[0].text,
-                    "finish_reason": r.choices[0].finish_reason,
-                    "prompt_tokens": r.prompt_tokens,
-                    "cached_tokens": r.cached_tokens,
-                    "completion_tokens": r.completion_tokens,
-                    "more_choices": [{"text": c.text, "finish_reason": c.finish_reason} for c in r.choices[1:]] or None,
-                    "started_at": r.started_at,
-                }
-                for r in results
-            ]
-        )
+        completed, failed = store_results(store, results)
+        outcome.completed += completed
+        outcome.failed += failed
         if on_progress:
             on_progress(len(results))
 
-    def on_plan(plan_stats: RunStats) -> None:
+    def on_plan(totals: PlanTotals) -> None:
         # The trie minimum counts once per shard, on its first run; re-runs add only what they compute.
         if fresh:
-            store.add_job_stats(job_id, trie_min_tokens=plan_stats.trie_min_tokens)
+            store.add_job_stats(job_id, trie_min_tokens=totals.trie_min_tokens)
 
     watch = _JobWatch(store, job_id, control)
     stats = engine.run(items, on_results, watch, on_admit=store.mark_started, on_plan=on_plan)
@@ -150,7 +155,7 @@ def run_shard(
         cache_evictions=stats.cache_evictions,
         peak_bytes=engine.cache.stats.peak_bytes,
     )
-    if stats.unfinished:
+    if stats.unfinished or not stats.input_exhausted:
         if watch.cancelled:
             outcome.cancelled += store.cancel_pending(job_id, list(stats.unfinished))
         else:

@@ -1,0 +1,241 @@
+"""The backend adapter: the only code that drives mlx-lm's BatchGenerator or touches mlx-lm's private state.
+
+ModelBackend (one per engine) runs the model outside the decode batch: it probes which caches can be reused
+and prefills shared prefixes for warm-ups. DecodeBatch (one per run) is continuous batching: rows go in as
+RowSpec (a prompt suffix, the cached prefix it starts from, its sampler and logits processors), and every step
+gives one RowOutput per row (its new tokens, the log-probabilities they were sampled from, whether it ended).
+A backend that decodes several tokens per step, or attends to a shared prefix instead of copying it into each
+row, implements the same calls. Checked for mlx-lm 0.32.2 (pinned exactly).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, _merge_caches, _right_pad_prompts, generation_stream
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+from omlx_jobs.worker import attention, kv
+from omlx_jobs.worker.prefix_cache import Entry, Match
+
+Caches = list[Any]
+Sampler = Callable[[mx.array], mx.array]
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+
+# Models whose __call__ is `project(model.model(x))` with nothing in between (checked for mlx-lm 0.32.2):
+# for them a prefill runs the body alone and projects only the positions whose logits are wanted.
+SPLIT_HEAD_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+
+
+@dataclass
+class RowSpec:
+    """One row to start: what it still has to compute, what it starts from, and how it samples."""
+
+    prompt: list[int]
+    """Prompt tokens not in `prefix` (at least one; for first_tokens, none)."""
+    max_tokens: int
+    prefix: Match | None = None
+    """The first `prefix.length` positions of a prefix-cache entry, reused (this backend copies them in)."""
+    context: list[int] = field(default_factory=list)
+    """The tokens before `prompt` (those in `prefix`): what logits processors see first."""
+    sampler: Sampler | None = None
+    """None: greedy, sampled for the whole batch in one call."""
+    processors: list[LogitsProcessor] = field(default_factory=list)
+    """Per-request logits processors (penalties today; grammars, logit_bias next), called as proc(tokens, logits)."""
+    logits: Any = None
+    """first_tokens only: the logits after the last prompt token, cached."""
+
+
+@dataclass(frozen=True)
+class RowOutput:
+    """What one step produced for one row."""
+
+    row: int
+    tokens: list[int]
+    """New tokens in order: one per step here, several for a multi-token backend."""
+    logprobs: list[mx.array]
+    """Per token, the log-softmax (after logits processors) it was sampled from: a lazy vector over the vocabulary."""
+    finish: str | None
+    """"stop": the last token ends the sequence (end-of-sequence); "length": max_tokens reached; None: going on."""
+
+
+@dataclass(frozen=True)
+class Timings:
+    prefill_seconds: float = 0.0
+    """In prompt processing of inserted rows (uncached suffixes, merging cached prefixes included)."""
+    decode_seconds: float = 0.0
+
+
+class ModelBackend:
+    """The model, run outside a decode batch: cache probing and warm-up prefill."""
+
+    def __init__(
+        self, model: Any, *, eos: Sequence[int], batch_size: int, prefill_batch_size: int, prefill_step: int
+    ) -> None:
+        self.model = model
+        self.eos = frozenset(eos)
+        self.batch_size, self.prefill_batch_size, self.prefill_step = batch_size, prefill_batch_size, prefill_step
+        probe = make_prompt_cache(model)
+        self.trimmable = bool(can_trim_prompt_cache(probe))
+        # Reuse needs caches BatchGenerator can merge; others fall back to no reuse.
+        self.reusable = all(hasattr(c, "merge") for c in probe)
+        self.ragged = False
+
+    def use_ragged_decode(self) -> bool:
+        """Decode through worker/attention.py's kernel where it runs (CUDA) and the model allows; True if so."""
+        self.ragged = attention.available() and attention.install(self.model)
+        return self.ragged
+
+    def open(self) -> DecodeBatch:
+        """A decode batch for one run; close it when the run ends."""
+        return DecodeBatch(self)
+
+    def prefill(
+        self, bases: Sequence[Caches | None], suffixes: Sequence[list[int]], want: Sequence[set[int]]
+    ) -> list[tuple[Caches, dict[int, mx.array]]]:
+        """Extend each base cache (None: empty) by its suffix, all in one batch.
+
+        Returns, per sequence, its caches and the logits after each suffix position in `want` (0-based). Unequal
+        lengths are right-padded as mlx-lm's PromptProcessingBatch does. Only wanted positions are projected onto
+        the vocabulary where the model allows it: the rest of that work is wasted (a large share with big
+        vocabularies).
+        """
+        with mx.stream(generation_stream):
+            batch = _merge_caches([b if b is not None else make_prompt_cache(self.model) for b in bases])
+            lengths = [len(s) for s in suffixes]
+            longest = max(lengths)
+            padding = [longest - n for n in lengths]
+            tokens = _right_pad_prompts(list(suffixes), max_length=longest)
+            if max(padding):
+                for c in batch:
+                    c.prepare(lengths=lengths, right_padding=padding)
+            logits = self._run_prefill(batch, tokens, longest, want)
+            if max(padding):
+                for c in batch:
+                    c.finalize()
+            out = [[c.extract(i) for c in batch] for i in range(len(suffixes))]
+            mx.eval([c.state for caches_i in out for c in caches_i])
+        return list(zip(out, logits, strict=True))
+
+    def _run_prefill(
+        self, batch: Caches, tokens: mx.array, longest: int, want: Sequence[set[int]]
+    ) -> list[dict[int, mx.array]]:
+        project = _projection(self.model)
+        run = self.model.model if project is not None else self.model
+        logits: list[dict[int, mx.array]] = [{} for _ in want]
+        for start in range(0, longest, self.prefill_step):
+            n = min(self.prefill_step, longest - start)
+            h = run(tokens[:, start : start + n], cache=batch)
+            picks = [(i, j) for i, ws in enumerate(want) for j in sorted(ws) if start <= j < start + n]
+            if picks:
+                rows = mx.stack([h[i, j - start] for i, j in picks])
+                rows = project(rows) if project is not None else rows
+                for k, (i, j) in enumerate(picks):
+                    logits[i][j] = rows[k : k + 1]
+            mx.eval([c.state for c in batch], [v for d in logits for v in d.values()])
+        return logits
+
+
+def _projection(model: Any) -> Callable[[mx.array], mx.array] | None:
+    if getattr(model, "model_type", None) not in SPLIT_HEAD_MODEL_TYPES or not callable(getattr(model, "model", None)):
+        return None
+    if hasattr(model, "lm_head"):
+        return model.lm_head
+    return model.model.embed_tokens.as_linear
+
+
+class DecodeBatch:
+    """Continuous batching over mlx-lm's BatchGenerator, for one run: insert, step, remove, close."""
+
+    def __init__(self, backend: ModelBackend) -> None:
+        self.backend = backend
+        self._closing = contextlib.ExitStack()  # undone in reverse by close(), each step even if one fails
+        try:
+            if backend.ragged:
+                self._closing.enter_context(attention.enabled())
+            gen = BatchGenerator(
+                backend.model,
+                stop_tokens=[[t] for t in sorted(backend.eos)],
+                completion_batch_size=backend.batch_size,
+                prefill_batch_size=backend.prefill_batch_size,
+                prefill_step_size=backend.prefill_step,
+            )
+            self._closing.callback(gen.close)
+            # mlx-lm copies each finished sequence's KV cache out to return it; nothing here uses it.
+            gen._generation_batch.extract_cache = lambda idx: None
+            self._stats = self._closing.enter_context(gen.stats())
+        except BaseException:
+            self._closing.close()
+            raise
+        self._gen = gen
+        self._view: tuple[Entry, int, Caches] | None = None
+        self.timings = Timings()
+
+    def insert(self, rows: Sequence[RowSpec]) -> list[int]:
+        """Queue rows for prompt processing; returns their row ids (the ids of their RowOutputs)."""
+        return self._gen.insert(
+            [r.prompt for r in rows],
+            max_tokens=[r.max_tokens for r in rows],
+            caches=[self._caches(r.prefix) for r in rows],
+            all_tokens=[list(r.context) for r in rows],  # mlx-lm extends this list in place
+            samplers=[r.sampler for r in rows],
+            logits_processors=[r.processors for r in rows],
+        )
+
+    def step(self) -> list[RowOutput]:
+        """One step: a decode step for the generating rows, and a chunk of prompt processing for new ones.
+
+        A long prefill returns between chunks, so the caller can check for a stop request.
+        """
+        _, responses = self._gen.next()
+        return [RowOutput(r.uid, [r.token], [r.logprobs], r.finish_reason) for r in responses]
+
+    def remove(self, rows: Sequence[int]) -> None:
+        """Stop rows early (a stop string ended them); rows already finished are ignored."""
+        self._gen.remove(list(rows))
+
+    def first_tokens(self, rows: Sequence[RowSpec]) -> list[RowOutput]:
+        """Sample each row's first token from its cached `logits`, all read back at once (row ids are -1).
+
+        One wait for the device per refill: one per request, while a decode step is in flight, cost more than it
+        saved on a GPU.
+        """
+        sampled, logprobs = [], []
+        for r in rows:
+            logits = r.logits
+            if r.processors:
+                context = mx.array(r.context)
+                for proc in r.processors:
+                    logits = proc(context, logits)
+            lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            sampled.append(r.sampler(lp) if r.sampler is not None else mx.argmax(lp, axis=-1))
+            logprobs.append(lp)
+        mx.eval(sampled)
+        out = []
+        for r, token, lp in zip(rows, sampled, logprobs, strict=True):
+            t = int(token.item())
+            finish = "stop" if t in self.backend.eos else "length" if r.max_tokens == 1 else None
+            out.append(RowOutput(-1, [t], [lp[0]], finish))
+        return out
+
+    def close(self) -> Timings:
+        """Release the batch (every clean-up step runs, even if one fails) and return where its time went."""
+        self._view = None
+        try:
+            self._closing.close()
+        finally:
+            self.timings = Timings(self._stats.prompt_time, self._stats.decode_time)
+        return self.timings
+
+    def _caches(self, prefix: Match | None) -> Caches | None:
+        """A view of the prefix, reused across a group's consecutive admissions (they share one prefix)."""
+        if prefix is None:
+            return None
+        entry, length = prefix.entry, prefix.length
+        if self._view is None or self._view[0] is not entry or self._view[1] != length:
+            self._view = (entry, length, kv.view(entry.value, entry.tokens, length))
+        return self._view[2]
