@@ -7,6 +7,7 @@ recently used files go first. A corrupt or mismatched file is removed and ignore
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -67,26 +68,34 @@ class DiskCache:
             log.warning("ignoring unusable prefix cache file %s (%s); removing it", path, exc)
             self._drop(key, path)
             return None
-        os.utime(path)
+        with contextlib.suppress(OSError):  # recency only; the file may have just been removed by another worker
+            os.utime(path)
         return cache
 
     def save(self, key: bytes, cache: list[Any]) -> None:
-        path = self._path(key)
-        if path.exists():
-            os.utime(path)
-            return
+        """Write a prefix's cache file. It never raises: a full disk or a read-only folder is logged and the
+        prefix stays in memory only (the disk tier is an optimization, and must not stop generation)."""
+        tmp: str | None = None
+        path, placed = self._path(key), False
         try:
+            if path.exists():
+                os.utime(path)
+                return
             fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".safetensors")
             os.close(fd)
             save_prompt_cache(tmp, cache, metadata={"model": self.model_identity, "tokens": key.hex()})
             os.replace(tmp, path)
+            tmp, placed = None, True
             path.with_suffix(".tokens").write_bytes(key)
-        except Exception as exc:  # a full disk must not stop generation; the cache is an optimization
+            self._index[key] = path
+            self._enforce_cap()
+        except Exception as exc:
             log.warning("could not save a prefix cache file in %s: %s", self.dir, exc)
-            Path(tmp).unlink(missing_ok=True)
-            return
-        self._index[key] = path
-        self._enforce_cap()
+            with contextlib.suppress(OSError):
+                if tmp is not None:
+                    Path(tmp).unlink(missing_ok=True)
+                if placed and key not in self._index:  # without its .tokens file no later start would find it
+                    path.unlink(missing_ok=True)
 
     def _drop(self, key: bytes, path: Path) -> None:
         self._index.pop(key, None)
