@@ -108,6 +108,8 @@ class Collector:
 
     def take(self) -> list[ItemResult]:
         """The results ready since the last call."""
+        if not self._ready:
+            return []
         ready, self._ready = self._ready, []
         return ready
 
