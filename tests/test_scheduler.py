@@ -124,10 +124,10 @@ def test_lifetimes_hold_until_the_last_position_and_misuse_raises() -> None:
     assert life.advance(3) == [] and entry.pins == 2  # position 3 still needs it
     assert life.advance(4) == [entry] and entry.pins == 1
     assert not life.finished(entry)
-    life.release(entry)
+    life.release_entry(entry)
     assert entry.pins == 0 and len(life) == 0
     with pytest.raises(LifetimeError):
-        life.release(entry)  # a double release is a bug, not a no-op
+        life.release_entry(entry)  # a double release is a bug, not a no-op
     life.advance(6)
     assert life.finished(entry)
     with pytest.raises(LifetimeError):
@@ -138,6 +138,23 @@ def test_lifetimes_hold_until_the_last_position_and_misuse_raises() -> None:
     assert life.release_all() == [entry]
     life.start_run([entry])
     assert entry.needed_until == -1 and life.position == 0
+
+
+def test_a_hold_until_released_outlives_positions_and_is_released_once() -> None:
+    """How a row that reads a prefix entry in place (cascade attention) keeps it: a hold with no end position."""
+    life = Lifetimes()
+    entry = Entry(token_key(SYS_A), "kv", 10)
+    by_position = life.hold(entry, until=2)
+    by_row = life.hold(entry, until=None)
+    assert life.advance(3) == [entry] and by_position.released and entry.pins == 1
+    assert life.advance(100) == [] and entry.pins == 1  # the row still reads it
+    life.release(by_row)
+    assert entry.pins == 0 and len(life) == 0
+    with pytest.raises(LifetimeError):
+        life.release(by_row)
+    early = life.hold(entry, until=200)
+    life.release(early)  # released by hand before its position: advance does not release it again
+    assert life.advance(300) == [] and entry.pins == 0
 
 
 def simulate(cache: PrefixCache) -> dict[str, int]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, _merge_caches, _right_pad_prompts, generation_stream
@@ -68,6 +68,22 @@ class Timings:
     prefill_seconds: float = 0.0
     """In prompt processing of inserted rows (uncached suffixes, merging cached prefixes included)."""
     decode_seconds: float = 0.0
+
+
+class Batch(Protocol):
+    """What the engine asks of a decode batch: DecodeBatch here; a multi-token or a cascade batch later."""
+
+    timings: Timings
+
+    def insert(self, rows: Sequence[RowSpec]) -> list[int]: ...
+
+    def step(self) -> list[RowOutput]: ...
+
+    def remove(self, rows: Sequence[int]) -> None: ...
+
+    def first_tokens(self, rows: Sequence[RowSpec]) -> list[RowOutput]: ...
+
+    def close(self) -> Timings: ...
 
 
 class ModelBackend:

@@ -22,7 +22,7 @@ from typing import Any
 from omlx_jobs import defaults
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.formats import SamplingParams
-from omlx_jobs.worker.backend import DecodeBatch, ModelBackend, RowOutput, RowSpec
+from omlx_jobs.worker.backend import Batch, ModelBackend, RowOutput, RowSpec
 from omlx_jobs.worker.disk_cache import DiskCache
 from omlx_jobs.worker.model import LoadedModel, PromptError
 from omlx_jobs.worker.prefix_cache import PrefixCache
@@ -73,7 +73,7 @@ class _Run:
     """One run's state, passed to each stage instead of a dozen locals."""
 
     scheduler: Scheduler
-    batch: DecodeBatch
+    batch: Batch
     on_results: Callable[[list[ItemResult]], None]
     control: Callable[[], Control]
     on_admit: Callable[[list[Any]], None] | None

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from omlx_jobs.errors import OmlxError
@@ -26,19 +27,22 @@ class LifetimeError(OmlxError, RuntimeError):
     """A cache entry released twice, or a hold left over: a bug in the engine, never the user's input."""
 
 
-@dataclass(order=True)
-class _Hold:
-    until: int
-    seq: int
-    entry: Entry = field(compare=False)
+@dataclass(eq=False)
+class Hold:
+    """One pin on one entry: until admission passes `until`, or (until None) until released."""
+
+    entry: Entry
+    until: int | None
+    released: bool = False
 
 
 class Lifetimes:
-    """Holds on cache entries, each until an admission position, and the position admission has reached."""
+    """Holds on cache entries, and the admission position the run has reached."""
 
     def __init__(self) -> None:
         self.position = 0
-        self._holds: list[_Hold] = []  # a heap: the hold that ends first on top
+        self._holds: list[Hold] = []  # every hold not yet released
+        self._ending: list[tuple[int, int, Hold]] = []  # (until, seq, hold): a heap, the first to end on top
         self._seq = itertools.count()
 
     def __len__(self) -> int:
@@ -49,6 +53,7 @@ class Lifetimes:
         """A new run: entries left from earlier runs are needed by nobody yet (their subtrees here are unknown)."""
         if self._holds:
             raise LifetimeError(f"{len(self._holds)} cache entries are still held from an earlier run")
+        self._ending = []
         for entry in entries:
             entry.needed_until = -1
         self.position = 0
@@ -57,20 +62,31 @@ class Lifetimes:
         """`entry` is reused up to position `until` (inclusive)."""
         entry.needed_until = max(entry.needed_until, until)
 
-    def hold(self, entry: Entry, until: int) -> None:
-        """Pin `entry` until admission passes position `until`."""
-        self.need(entry, until)
+    def hold(self, entry: Entry, until: int | None) -> Hold:
+        """Pin `entry` until admission passes position `until`, or, with None, until `release` (say, for as long
+        as a row reads the entry in place)."""
+        hold = Hold(entry, until)
+        if until is not None:
+            self.need(entry, until)
+            heapq.heappush(self._ending, (until, next(self._seq), hold))
         entry.pins += 1
-        heapq.heappush(self._holds, _Hold(until, next(self._seq), entry))
+        self._holds.append(hold)
+        return hold
 
-    def release(self, entry: Entry) -> None:
-        """Drop one hold on `entry` now (the one that would end first)."""
+    def release(self, hold: Hold) -> None:
+        """Drop a hold now; releasing one twice raises."""
+        if hold.released:
+            raise LifetimeError(f"a hold on a cache entry of {hold.entry.tokens} tokens was released twice")
+        hold.released = True
+        self._holds.remove(hold)
+        self._unpin(hold.entry)
+
+    def release_entry(self, entry: Entry) -> None:
+        """Drop the hold on `entry` that would end first; raises if it has none."""
         mine = [h for h in self._holds if h.entry is entry]
         if not mine:
             raise LifetimeError(f"released a cache entry of {entry.tokens} tokens that is not held")
-        self._holds.remove(min(mine))
-        heapq.heapify(self._holds)
-        self._unpin(entry)
+        self.release(min(mine, key=lambda h: h.until if h.until is not None else sys.maxsize))
 
     def advance(self, position: int) -> list[Entry]:
         """Admission has reached `position`: drop the holds that end before it; returns their entries."""
@@ -78,18 +94,19 @@ class Lifetimes:
             raise LifetimeError(f"admission went back from position {self.position} to {position}")
         self.position = position
         released = []
-        while self._holds and self._holds[0].until < position:
-            hold = heapq.heappop(self._holds)
-            self._unpin(hold.entry)
-            released.append(hold.entry)
+        while self._ending and self._ending[0][0] < position:
+            _, _, hold = heapq.heappop(self._ending)
+            if not hold.released:  # released early by hand: already unpinned
+                self.release(hold)
+                released.append(hold.entry)
         return released
 
     def release_all(self) -> list[Entry]:
         """The run ended (or failed): drop every hold."""
         released = [h.entry for h in self._holds]
-        self._holds = []
-        for entry in released:
-            self._unpin(entry)
+        for hold in list(self._holds):
+            self.release(hold)
+        self._ending = []
         return released
 
     def finished(self, entry: Entry) -> bool:

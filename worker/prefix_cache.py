@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omlx_jobs import defaults
-from omlx_jobs.worker.lifetimes import Lifetimes
+from omlx_jobs.worker.lifetimes import Hold, Lifetimes
 from omlx_jobs.worker.prompts import common_prefix, key_prefix, positions
 
 
@@ -143,13 +143,13 @@ class PrefixCache:
         self.evict_to_fit(keep=entry)
         return entry
 
-    def hold(self, entry: Entry, until: int) -> None:
+    def hold(self, entry: Entry, until: int | None) -> Hold:
         """Pin an entry (a warm-up found it cached) until admission passes position `until`."""
-        self.lifetimes.hold(entry, until)
+        return self.lifetimes.hold(entry, until)
 
     def unpin(self, entry: Entry) -> None:
         """Drop one hold now; raises LifetimeError if the entry is not held."""
-        self.lifetimes.release(entry)
+        self.lifetimes.release_entry(entry)
 
     def start_run(self) -> None:
         """A new run: no entry is needed by it yet, and none may still be held."""

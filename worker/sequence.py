@@ -102,7 +102,8 @@ class Collector:
             self._ready.append(self._result(live, [live.choices[c] for c in range(live.work.params.n)]))
 
     def fail(self, item: int, failure: RequestFailure) -> None:
-        """The item fails alone: its result is the failure, and choices of it still running are ignored."""
+        """The item fails alone: its result is the failure. Its rows still in the batch are the caller's to remove
+        first (a later finish of one of its choices raises KeyError)."""
         live = self._live.pop(item)
         self._ready.append(self._result(live, [], failure))
 
