@@ -2,9 +2,11 @@
 
 The old commit is checked out into a temporary git worktree; each side runs its own bench/prefix.py in a
 subprocess whose import path resolves `omlx_jobs` (and `bench`, `tests`) to that side's tree, so the two never
-mix. Runs alternate (old, new, old, new, ...) so that a busy machine slows both alike; the report gives, per
-workload and configuration, the median wall time of each side, the ratio new / old and the per-round ratios,
-and checks that both computed the same number of prompt tokens (the same plan).
+mix. Runs alternate, in the order old new, new old, old new, ... so that a busy machine slows both alike and
+neither always goes first; the report gives, per workload and configuration, the median wall time of each side,
+the ratio new / old and the per-round ratios, checks that both computed the same number of prompt tokens (the
+same plan), and gives each side's median CPU time per process (user + system, model loading included), which a
+busy machine disturbs less than wall time.
 
     .venv/bin/python bench/compare_commits.py --old c5f3277 --rounds 3 -- --quick --runs off
     .venv/bin/python bench/compare_commits.py --old c5f3277 --rounds 2 -- \\
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -53,13 +56,16 @@ def check_imports(root: Path, env: dict[str, str]) -> None:
 
 def run_side(root: Path, env: dict[str, str], bench_args: list[str], out_json: Path, log: Any) -> dict[str, Any]:
     cmd = [sys.executable, str(root / "bench" / "prefix.py"), *bench_args, "--json", str(out_json)]
-    tic = time.perf_counter()
+    tic, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
-    log.write(f"\n===== {root} ({time.perf_counter() - tic:.1f}s): {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    wall = time.perf_counter() - tic
+    log.write(f"\n===== {root} (wall {wall:.1f}s, cpu {cpu:.1f}s): {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
     log.flush()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed (see the log):\n{proc.stderr[-2000:]}")
-    return json.loads(out_json.read_text())
+    return {**json.loads(out_json.read_text()), "process_cpu_seconds": round(cpu, 2)}
 
 
 def figures(result: dict[str, Any]) -> dict[tuple[str, str], tuple[float, int]]:
@@ -96,6 +102,20 @@ def report(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[st
     total_o = sum(statistics.median(figures(r)[k][0] for r in old) for k in figures(old[0]))
     total_n = sum(statistics.median(figures(r)[k][0] for r in new) for k in figures(old[0]))
     print(f"{'all':9} {'(sum of medians)':28} {total_o:8.2f} {total_n:8.2f} {total_n / total_o:8.3f}")
+    cpu_o = [r["process_cpu_seconds"] for r in old]
+    cpu_n = [r["process_cpu_seconds"] for r in new]
+    med_o, med_n = statistics.median(cpu_o), statistics.median(cpu_n)
+    cpu_ratio = med_n / med_o
+    print(f"{'process':9} {'cpu s (median)':28} {med_o:8.2f} {med_n:8.2f} {cpu_ratio:8.3f}")
+    rows.append(
+        {
+            "workload": "all",
+            "run": "process cpu seconds",
+            "old_seconds": cpu_o,
+            "new_seconds": cpu_n,
+            "ratio_new_over_old": round(cpu_ratio, 3),
+        }
+    )
     return rows
 
 
@@ -127,7 +147,7 @@ def main() -> None:
             with log:
                 log.write(f"\n##### {time.strftime('%Y-%m-%d %H:%M:%S')} old={args.old} new={args.new or HERE}\n")
                 for i in range(args.rounds):
-                    for side in ("old", "new"):
+                    for side in ("old", "new") if i % 2 == 0 else ("new", "old"):
                         print(f"round {i + 1}/{args.rounds}: {side} ...", file=sys.stderr, flush=True)
                         out = tmp_path / f"{side}-{i}.json"
                         results[side].append(run_side(roots[side], envs[side], bench_args, out, log))
