@@ -50,9 +50,9 @@ class RowSpec:
     """first_tokens only: the logits after the last prompt token, cached."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RowOutput:
-    """What one step produced for one row."""
+    """What one step produced for one row (one is made per row and step: slots keep that cheap)."""
 
     row: int
     tokens: list[int]

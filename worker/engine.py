@@ -278,18 +278,22 @@ class Engine:
 
     def _collect(self, run: _Run, outputs: list[RowOutput]) -> None:
         """Hand each row's tokens to its sequence; finish the sequences that ended, and commit their items."""
+        active, stopped, generated = run.active, [], 0
         for out in outputs:
-            seq = run.active.get(out.row)
+            seq = active.get(out.row)
             if seq is None:
                 continue
-            run.stats.generation_tokens += len(out.tokens)
+            generated += len(out.tokens)
             reason = seq.consume(out.tokens, out.finish)
             if reason is None:
                 continue
             if out.finish is None:
-                run.batch.remove([out.row])  # a stop string ended it; the backend would go on
-            del run.active[out.row]
+                stopped.append(out.row)  # a stop string ended it; the backend would go on
+            del active[out.row]
             self._finish(run, seq, reason)
+        if stopped:
+            run.batch.remove(stopped)
+        run.stats.generation_tokens += generated
         self._commit(run)  # together: everything that finished in this step
 
     def _finish(self, run: _Run, seq: SequenceState, reason: str) -> None:

@@ -49,6 +49,11 @@ class SequenceState:
         finish "stop" means the last token ends the sequence (an EOS token: counted, not kept); a stop string
         ends it with "stop" too, at the token that completes it, and later tokens of the step are dropped.
         """
+        if len(tokens) == 1 and self.stops is None:  # the common case, once per row and step: kept short
+            self.generated += 1
+            if finish != "stop":
+                self.tokens.append(tokens[0])
+            return finish
         last = len(tokens) - 1
         for i, token in enumerate(tokens):
             self.generated += 1
