@@ -1,0 +1,237 @@
+"""Cascade attention: the rows that share a prefix attend to its keys and values once (Hydragen, FlashInfer).
+
+A row's keys are a chain of shared prefix levels (a system prompt, then a document, ...) followed by its own
+suffix. Attention over the concatenation is the exact merge of attention over each part, weighted by each
+part's log-sum-exp (lse):
+
+    m = max_i lse_i,   o = sum_i exp(lse_i - m) o_i / sum_i exp(lse_i - m),   lse = m + log sum_i exp(lse_i - m)
+
+Attention to a level is one call for all the rows that share it: their queries are folded into the query
+dimension ([1, kv_heads, rows * G * N, D] against the level's [1, kv_heads, P, D]), so the level's keys and
+values are read once per step however many rows share it, and a decode step becomes a matmul instead of one
+matrix-vector product per row.
+
+The portable path is mx ops only, so it runs on the CPU, Metal and CUDA alike. On CUDA, decode steps can merge
+the rows' own suffixes in a kernel instead (cascade_kernel.py, inside `kernel_enabled()`).
+
+The cache that holds the levels and the suffixes is cascade_cache.CascadeKVCache; `install` routes a model's
+attention call to `attention` whenever its layer cache is one. Model types: llama, qwen2, qwen3 and mistral
+whose layer caches are all mlx-lm's KVCache (no sliding-window layers): their attention applies RoPE at
+`cache.offset`, passes mlx-lm's mask and the cache straight to `scaled_dot_product_attention`, and has no
+attention sinks (checked for mlx-lm 0.32.2). Other models (rotating or recurrent caches, other attention
+code) keep today's path, where each row holds its whole prompt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+
+from omlx_jobs.worker import attention as ragged
+
+MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+NEG_INF = float("-inf")
+SCORE_BUDGET = 1 << 26
+"""Score-matrix elements per part (256 MB in float32): longer prefills are split into chunks of query positions."""
+
+_state = threading.local()
+
+
+@dataclass(frozen=True)
+class Level:
+    """One shared prefix segment of one layer, and the batch rows that attend to it."""
+
+    keys: mx.array
+    """[1, kv_heads, P, D]"""
+    values: mx.array
+    rows: mx.array | None
+    """[r] int32, the batch rows that continue this segment, in order; None when every row does."""
+    slot: mx.array | None
+    """[B] int32, each batch row's index into `rows` (r for the rows that do not continue it); None with rows."""
+
+
+def attend(
+    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None = None
+) -> tuple[mx.array, mx.array]:
+    """softmax(q k^T * scale) v and its log-sum-exp, with mx ops.
+
+    q: [B, H, N, D]; k, v: [B, kv_heads, K, D] (H a multiple of kv_heads); mask: None or bool, broadcastable to
+    [B, 1, N, K] (True: attend). Returns o [B, H, N, D] in float32 and lse [B, H, N] (-inf for a query that
+    sees no key; its o is 0). The query heads of a kv head are folded together, so keys are not repeated.
+    """
+    b, h, n, d = q.shape
+    kv_heads = k.shape[1]
+    g = h // kv_heads
+    scores = ((q * scale).reshape(b, kv_heads, g * n, d) @ k.swapaxes(-1, -2)).astype(mx.float32)
+    if mask is not None:
+        while mask.ndim < 4:
+            mask = mask[None]
+        scores = mx.where(mask[:, :, None], scores.reshape(b, kv_heads, g, n, -1), NEG_INF)
+        scores = scores.reshape(b, kv_heads, g * n, -1)
+    lse = mx.logsumexp(scores, axis=-1, keepdims=True)
+    weights = mx.exp(scores - mx.where(lse == NEG_INF, 0.0, lse)).astype(v.dtype)
+    o = (weights @ v).astype(mx.float32)
+    return o.reshape(b, h, n, d), lse.reshape(b, h, n)
+
+
+def attend_level(q: mx.array, level: Level, scale: float) -> tuple[mx.array, mx.array]:
+    """Attention of the queries of `level`'s rows to its keys: one call, the rows folded into the query dimension.
+
+    q: [B, H, N, D] for the whole batch. Returns o [B, H, N, D] (float32) and lse [B, H, N] for the whole batch,
+    with lse -inf (and o 0) for the rows that do not continue this level.
+    """
+    b = q.shape[0]
+    if level.rows is not None:
+        q = mx.take(q, level.rows, axis=0)
+    r, h, n, d = q.shape
+    kv_heads = level.keys.shape[1]
+    gn = (h // kv_heads) * n
+    folded = q.reshape(r, kv_heads, gn, d).transpose(1, 0, 2, 3).reshape(1, kv_heads, r * gn, d)
+    o, lse = attend(folded, level.keys, level.values, scale)
+    o = o.reshape(kv_heads, r, gn, d).transpose(1, 0, 2, 3).reshape(r, h, n, d)
+    lse = lse.reshape(kv_heads, r, gn).transpose(1, 0, 2).reshape(r, h, n)
+    if level.slot is None:
+        return o, lse
+    assert b == level.slot.shape[0], "a level's slots cover the batch"
+    o = mx.take(mx.concatenate([o, mx.zeros((1, h, n, d), o.dtype)]), level.slot, axis=0)
+    lse = mx.take(mx.concatenate([lse, mx.full((1, h, n), NEG_INF, lse.dtype)]), level.slot, axis=0)
+    return o, lse
+
+
+def _merge2(o1: mx.array, lse1: mx.array, o2: mx.array, lse2: mx.array) -> tuple[mx.array, mx.array]:
+    m = mx.maximum(lse1, lse2)
+    m = mx.where(m == NEG_INF, 0.0, m)  # a query that sees nothing in either part
+    w1, w2 = mx.exp(lse1 - m), mx.exp(lse2 - m)
+    total = w1 + w2
+    o = (o1 * w1[..., None] + o2 * w2[..., None]) / mx.maximum(total, 1e-30)[..., None]
+    return o, m + mx.log(total)
+
+
+merge2 = mx.compile(_merge2, shapeless=True)
+
+
+def merge(parts: Sequence[tuple[mx.array, mx.array]]) -> tuple[mx.array, mx.array]:
+    """The exact merge of attention over disjoint key sets, from each part's (o, lse): attention over their union."""
+    o, lse = parts[0]
+    for o2, lse2 in parts[1:]:
+        o, lse = merge2(o, lse, o2, lse2)
+    return o, lse
+
+
+def attention(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    levels: Sequence[Level],
+    scale: float,
+    mask: mx.array | None,
+    start: mx.array | None = None,
+) -> mx.array:
+    """Attention of q to each row's prefix levels followed by its own keys k, v (masked by `mask`), in q's dtype.
+
+    q: [B, H, N, D]; k, v: [B, kv_heads, S, D], the rows' own suffixes (left-padded; `start` [B] int32 is each
+    row's first real key, used by the decode kernel). A decode step (N == 1) inside `kernel_enabled()` merges
+    the suffixes in the kernel; everything else is mx ops, in chunks of query positions for long prefills.
+    """
+    kernel = getattr(_state, "kernel", None)
+    if (
+        kernel is not None
+        and levels
+        and q.shape[2] == 1
+        and start is not None
+        and ragged.supported(q.shape[1], k.shape[1], q.shape[-1])
+    ):
+        o, lse = merge([attend_level(q, lv, scale) for lv in levels])
+        return kernel(q, k, v, start, o, lse, scale)
+    b, h, n, _ = q.shape
+    longest = max([k.shape[2], *(lv.keys.shape[2] for lv in levels)])
+    step = max(1, SCORE_BUDGET // max(1, b * h * longest))
+    outs = []
+    for i in range(0, n, step):
+        qi = q[:, :, i : i + step]
+        mi = mask if mask is None or mask.shape[-2] == 1 else mask[..., i : i + step, :]
+        parts = [attend(qi, k, v, scale, mi)] + [attend_level(qi, lv, scale) for lv in levels]
+        outs.append(merge(parts)[0])
+    out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
+    return out.astype(q.dtype)
+
+
+@contextlib.contextmanager
+def kernel_enabled(kernel: Callable[..., mx.array] | None = None) -> Iterator[None]:
+    """Merge decode steps' suffixes in `kernel` (default: the CUDA kernel) while the block runs.
+
+    Outside it, and for prefill chunks, cascade attention is mx ops. Tests pass the kernel's mx-ops reference.
+    """
+    if kernel is None:
+        from omlx_jobs.worker import cascade_kernel
+
+        kernel = cascade_kernel.suffix_decode
+    previous = getattr(_state, "kernel", None)
+    _state.kernel = kernel
+    try:
+        yield
+    finally:
+        _state.kernel = previous
+
+
+def _installed(fn: Any, marker: str) -> bool:
+    while fn is not None:
+        if getattr(fn, marker, False):
+            return True
+        fn = getattr(fn, "__wrapped__", None)
+    return False
+
+
+def install(model: Any) -> bool:
+    """Route the model module's attention call to `attention` for cascade caches (once); False if not eligible.
+
+    Any other cache goes to the call that was there (mlx-lm's, or the ragged decode wrapper of attention.py), and
+    a cascade cache whose batch holds no level goes there too with its own suffix cache, as today's path.
+    """
+    if getattr(model, "model_type", None) not in MODEL_TYPES:
+        return False
+    module = sys.modules.get(type(model).__module__)
+    original = getattr(module, "scaled_dot_product_attention", None)
+    if module is None or original is None:
+        return False
+    if _installed(original, "_omlx_cascade"):
+        return True
+
+    def scaled_dot_product_attention(
+        queries: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        cache: Any,
+        scale: float,
+        mask: Any,
+        sinks: Any = None,
+    ) -> mx.array:
+        layout = getattr(cache, "cascade_layout", None)
+        if layout is None:
+            return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+        levels, own = layout()
+        if not levels:
+            return original(queries, keys, values, cache=own, scale=scale, mask=mask, sinks=sinks)
+        if sinks is not None:
+            raise NotImplementedError("cascade attention has no attention sinks; this model must keep KVCache")
+        return attention(queries, keys, values, levels, scale, mask, own.left_padding)
+
+    scaled_dot_product_attention._omlx_cascade = True  # type: ignore[attr-defined]
+    scaled_dot_product_attention.__wrapped__ = original  # type: ignore[attr-defined]
+    module.scaled_dot_product_attention = scaled_dot_product_attention
+    return True
+
+
+def eligible(model: Any) -> bool:
+    """True if the model's attention can be routed and every layer cache is a plain KVCache (no sliding windows)."""
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+    if getattr(model, "model_type", None) not in MODEL_TYPES:
+        return False
+    return all(type(c) is KVCache for c in make_prompt_cache(model))
