@@ -11,69 +11,7 @@ import mlx.core as mx
 import pytest
 
 from omlx_jobs.worker import cascade, cascade_kernel
-from omlx_jobs.worker.cascade import Level
-
-# Two groups: rows 0-4 share a system prompt (segment 0); rows 0-2 continue document A (1), rows 3-4 document B
-# (2); row 5 has the system prompt only; row 6 is another group (3); row 7 has no shared prefix.
-SEGMENTS = [37, 21, 14, 9]
-CHAINS = [[0, 1], [0, 1], [0, 1], [0, 2], [0, 2], [0], [3], []]
-OWN = [5, 9, 6, 12, 7, 8, 10, 11]
-
-
-def levels_for(chains: list[list[int]], segs: list[tuple[mx.array, mx.array]]) -> list[Level]:
-    out = []
-    for s, (k, v) in enumerate(segs):
-        rows = [b for b, chain in enumerate(chains) if s in chain]
-        if not rows:
-            continue
-        if len(rows) == len(chains):
-            out.append(Level(k, v, None, None))
-            continue
-        slot = [len(rows)] * len(chains)
-        for i, b in enumerate(rows):
-            slot[b] = i
-        out.append(Level(k, v, mx.array(rows, mx.int32), mx.array(slot, mx.int32)))
-    return out
-
-
-def case(
-    *, heads: int, kv_heads: int, dim: int, n: int, dtype: mx.Dtype, chains=CHAINS, own=OWN, segments=SEGMENTS, seed=0
-):
-    """Inputs of cascade.attention for the batch above and the reference output, per row, in float32."""
-    mx.random.seed(seed)
-    b = len(chains)
-    width = max(own)
-    pad = [width - x for x in own]
-    q = mx.random.normal((b, heads, n, dim)).astype(dtype)
-    k = mx.random.normal((b, kv_heads, width, dim)).astype(dtype)
-    v = mx.random.normal((b, kv_heads, width, dim)).astype(dtype)
-    segs = [
-        (mx.random.normal((1, kv_heads, p, dim)).astype(dtype), mx.random.normal((1, kv_heads, p, dim)).astype(dtype))
-        for p in segments
-    ]
-    start = mx.array(pad, mx.int32)
-    # What BatchKVCache.make_mask gives: the last n own tokens are the queries, causal, padding hidden.
-    rinds = mx.arange(width)[None]
-    linds = mx.arange(width - n, width)[:, None]
-    mask = (linds >= rinds)[None, None] & (start[:, None, None, None] <= rinds)
-    refs = []
-    for row, chain in enumerate(chains):
-        keys = [segs[s][0] for s in chain] + [k[row : row + 1, :, pad[row] :]]
-        values = [segs[s][1] for s in chain] + [v[row : row + 1, :, pad[row] :]]
-        prefix = sum(segments[s] for s in chain)
-        total = prefix + own[row]
-        visible = mx.arange(total)[None] <= (prefix + own[row] - n + mx.arange(n))[:, None]
-        refs.append(
-            mx.fast.scaled_dot_product_attention(
-                q[row : row + 1].astype(mx.float32),
-                mx.concatenate(keys, axis=2).astype(mx.float32),
-                mx.concatenate(values, axis=2).astype(mx.float32),
-                scale=dim**-0.5,
-                mask=visible,
-            )
-        )
-    return q, k, v, levels_for(chains, segs), mask, start, mx.concatenate(refs)
-
+from tests.cascade_cases import OWN, case
 
 TOLERANCE = {mx.float32: 1e-5, mx.bfloat16: 3e-2}
 
@@ -159,3 +97,12 @@ def test_kernel_shapes_are_the_ragged_kernels() -> None:
     with cascade.kernel_enabled(lambda *a: pytest.fail("head size 16 is not the kernel's")):
         out = cascade.attention(q, k, v, levels, 0.25, mask, start)
     assert mx.abs(out - ref).max().item() < 2e-5
+
+
+def test_the_compiled_path_used_on_gpus_gives_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shapeless compilation (Metal, CUDA) across batches of different shapes; forced here on the CPU."""
+    monkeypatch.setattr(cascade, "_cores", lambda: cascade._compiled)
+    for n, heads, dtype in [(1, 8, mx.float32), (4, 4, mx.float32), (3, 8, mx.bfloat16)]:
+        q, k, v, levels, mask, start, ref = case(heads=heads, kv_heads=2, dim=64, n=n, dtype=dtype)
+        out = cascade.attention(q, k, v, levels, 0.125, mask, start)
+        assert mx.abs(out.astype(mx.float32) - ref).max().item() < TOLERANCE[dtype]

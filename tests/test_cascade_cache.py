@@ -154,10 +154,16 @@ def test_rope_positions_continue_from_the_prefix(
     """Without the prefix length in `offset` the outputs change (so the tests above would catch it)."""
     model = tiny_loaded.model
     rows = [prefixes.rows[i] for i in (0, 2, 3)]
-    today, today_lp = generate(model, rows, prefixes.layers, False, waves=1)
+    _, today_lp = generate(model, rows, prefixes.layers, False, waves=1)
     monkeypatch.setattr(CascadeKVCache, "offset", property(lambda self: self.own.offset))
-    ours, ours_lp = generate(model, rows, prefixes.layers, True, waves=1)
+    _, ours_lp = generate(model, rows, prefixes.layers, True, waves=1)
     assert max_diff(ours_lp, today_lp) > 1e-2
+
+
+def cascade_batch(rows: list[Row], layers: int) -> list[CascadeKVCache]:
+    """Per-layer batch caches of the rows' cascade caches, as BatchGenerator merges them."""
+    per_row = [row_caches(r.chain, layers) for r in rows]
+    return [CascadeKVCache.merge([caches[i] for caches in per_row]) for i in range(layers)]
 
 
 def _right_padded_prefill(model: Any, batch: list[Any], suffixes: list[list[int]]) -> mx.array:
@@ -181,7 +187,7 @@ def test_prefill_and_decode_logits_equal_the_full_path(tiny_loaded: LoadedModel,
         full([caches_for(r, prefixes.layers, False)[i] if r.full is not None else KVCache() for r in rows])
         for i in range(prefixes.layers)
     ]
-    ours = [CascadeKVCache.merge([row_caches(r.chain, prefixes.layers)[i] for r in rows]) for i in range(prefixes.layers)]
+    ours = cascade_batch(rows, prefixes.layers)
     suffixes = [r.suffix for r in rows]
     a = _right_padded_prefill(model, today, suffixes)
     b = _right_padded_prefill(model, ours, suffixes)
@@ -205,7 +211,7 @@ def test_a_shared_prefix_is_held_once(tiny_loaded: LoadedModel, prefixes: Prefix
     layers = prefixes.layers
     mx.eval(prefixes.system.segments[0].keys)
     before = mx.get_active_memory()
-    batch = [CascadeKVCache.merge([row_caches(r.chain, layers)[i] for r in group]) for i in range(layers)]
+    batch = cascade_batch(group, layers)
     logits = _right_padded_prefill(model, batch, [r.suffix for r in group])
     mx.eval(logits, [c.state for c in batch])
     del logits
@@ -216,19 +222,19 @@ def test_a_shared_prefix_is_held_once(tiny_loaded: LoadedModel, prefixes: Prefix
     assert sum(c.nbytes for c in batch) == own + prefix
     for c, sys_seg, doc_seg in zip(batch, prefixes.system.segments, prefixes.doc_a.segments, strict=True):
         levels, _ = c.cascade_layout()
-        assert [(lv.keys, lv.values) for lv in levels] == [(sys_seg.keys, sys_seg.values), (doc_seg.keys, doc_seg.values)]
+        assert len(levels) == 2
+        for lv, seg in zip(levels, (sys_seg, doc_seg), strict=True):
+            assert lv.keys is seg.keys and lv.values is seg.values
         assert c.own.keys.shape[2] == 256  # one allocation step of mlx-lm's cache: suffixes of up to 9 tokens
     assert grown <= own * 1.1  # nothing was copied: the levels are views of the prefix entries
-    today = sum(
-        BatchKVCache.merge([caches_for(r, layers, False)[i] for r in group]).nbytes for i in range(layers)
-    )
+    today = sum(BatchKVCache.merge([caches_for(r, layers, False)[i] for r in group]).nbytes for i in range(layers))
     assert today >= len(group) * prefix  # today every row holds its own copy of the prefix
 
 
 def test_extract_gives_the_row_whole_prompt(tiny_loaded: LoadedModel, prefixes: Prefixes) -> None:
     model = tiny_loaded.model
     rows = prefixes.rows[:4]
-    batch = [CascadeKVCache.merge([row_caches(r.chain, prefixes.layers)[i] for r in rows]) for i in range(prefixes.layers)]
+    batch = cascade_batch(rows, prefixes.layers)
     _right_padded_prefill(model, batch, [r.suffix for r in rows])
     full = _prefill(model, rows[2].prefix + rows[2].suffix)
     for c, f in zip(batch, full, strict=True):

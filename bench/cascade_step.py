@@ -1,0 +1,329 @@
+"""One decode step over a shared prefix: today's path (every row holds a copy) against cascade attention.
+
+Side by side in one run, for each row count R (a shared prefix of P tokens plus O own tokens per row):
+
+  today P+O   BatchKVCache, each row holding P+O tokens: the ragged kernel on CUDA (worker/attention.py),
+              mlx-lm's masked attention elsewhere
+  today S     the same at S tokens (default 128): the goal is cascade at P shared <= 1.3x this
+  cascade     CascadeKVCache (worker/cascade_cache.py): one copy of the prefix, O own tokens per row;
+              mx ops ("mx"), and on CUDA with the suffix kernel ("kernel", worker/cascade_kernel.py)
+  check       (CUDA) the cascade kernel against its mx-ops reference, and cascade attention against
+              mx.fast attention over each row's concatenated keys, head sizes 64/96/128/256, fp32 and bf16
+  floor       where a small-context step goes: Python graph construction vs evaluation, graph nodes per
+              step, the weights' matmuls alone, and an mx.compile'd fixed-shape decode step vs uncompiled
+
+    python3 bench/cascade_step.py --model random:qwen3-8b --dtype bfloat16            # H200, about 2-3 min
+    .venv/bin/python bench/cascade_step.py --model tiny --quick                       # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.models import load_bench_model
+from omlx_jobs.worker import attention, cascade, cascade_kernel  # the worker package loads a fast BLAS first
+from omlx_jobs.worker.cascade_cache import CascadeKVCache, Segment
+
+VIEW_PRIMITIVES = frozenset(
+    {"Broadcast", "Reshape", "Slice", "Transpose", "ExpandDims", "Squeeze", "AsStrided", "Flatten", "Unflatten"}
+)
+
+
+def timed(fn: Callable[[], Any], iters: int) -> float:
+    """Milliseconds per call, each call evaluated before the next (as a decode loop does)."""
+    import mlx.core as mx
+
+    for _ in range(3):
+        mx.eval(fn())
+    mx.synchronize()
+    t = time.perf_counter()
+    for _ in range(iters):
+        mx.eval(fn())
+    mx.synchronize()
+    return (time.perf_counter() - t) / iters * 1000
+
+
+def _random(shape: tuple[int, ...], dtype: Any) -> Any:
+    import mlx.core as mx
+
+    return mx.random.normal(shape, dtype=dtype)
+
+
+def own_caches(model: Any, rows: int, length: int, dtype: Any) -> list[Any]:
+    """Per-layer BatchKVCache of `rows` rows holding `length` tokens (row 0 left-padded by one: the mask matters)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchKVCache
+
+    a = model.args
+    room = (length + 256 + 255) // 256 * 256
+    pad = [1] + [0] * (rows - 1)
+    caches = []
+    for _ in model.layers:
+        c = BatchKVCache(pad)
+        c.keys = _random((rows, a.num_key_value_heads, room, a.head_dim), dtype)
+        c.values = _random((rows, a.num_key_value_heads, room, a.head_dim), dtype)
+        c.offset = mx.array([length - p for p in pad])
+        c._idx = length
+        mx.eval(c.keys, c.values)  # one layer at a time: no large temporaries
+        caches.append(c)
+    return caches
+
+
+def cascade_caches(model: Any, rows: int, prefix: int, own: int, dtype: Any) -> list[Any]:
+    """Per-layer CascadeKVCache: one shared prefix level of `prefix` tokens, then `own` tokens per row."""
+    import mlx.core as mx
+
+    a = model.args
+    out = []
+    for c in own_caches(model, rows, own, dtype):
+        shape = (1, a.num_key_value_heads, prefix, a.head_dim)
+        seg = Segment(_random(shape, dtype), _random(shape, dtype), 0)
+        mx.eval(seg.keys, seg.values)
+        out.append(CascadeKVCache([(seg,)] * rows, c))
+    return out
+
+
+def step_ms(model: Any, caches: list[Any], iters: int, route: Any = None) -> float:
+    """One decode step of every row at a fixed context (the caches are rewound after each step)."""
+    import mlx.core as mx
+
+    owns = [getattr(c, "own", c) for c in caches]
+    start = [c._idx for c in owns]
+    tokens = mx.array([[7]] * int(owns[0].offset.shape[0]))
+
+    def run() -> Any:
+        for c, s in zip(owns, start, strict=True):
+            c._idx = s
+        return model(tokens, cache=caches)
+
+    with route if route is not None else contextlib.nullcontext():
+        return timed(run, iters)
+
+
+def compare(model: Any, rows: int, args: argparse.Namespace, dtype: Any, cuda: bool) -> dict[str, float]:
+    """Median step times of today's path (small and full context) and cascade (mx ops, CUDA kernel), interleaved."""
+    import statistics
+
+    import mlx.core as mx
+
+    def route(mode: str) -> Any:
+        if mode == "ragged" and cuda:
+            return attention.enabled()
+        if mode == "kernel":
+            return cascade.kernel_enabled()
+        return contextlib.nullcontext()
+
+    shared = cascade_caches(model, rows, args.prefix, args.own, dtype)
+    runs = [
+        ("today_small", own_caches(model, rows, args.small, dtype), "ragged"),
+        ("today_full", own_caches(model, rows, args.prefix + args.own, dtype), "ragged"),
+        ("cascade_mx", shared, "mx"),
+    ]
+    if cuda:
+        runs.append(("cascade_kernel", shared, "kernel"))
+    times: dict[str, list[float]] = {name: [] for name, _, _ in runs}
+    for _ in range(args.repeat):  # old and new interleaved: the machine's noise hits all of them alike
+        for name, caches, mode in runs:
+            times[name].append(step_ms(model, caches, args.iters, route(mode)))
+    del runs, shared
+    mx.clear_cache()
+    out = {name: statistics.median(ts) for name, ts in times.items()}
+    out.setdefault("cascade_kernel", float("nan"))
+    return out
+
+
+def check_kernel() -> None:
+    """The cascade kernel against its mx-ops reference and the whole cascade against sdpa, on ragged rows."""
+    import mlx.core as mx
+
+    from tests.cascade_cases import case
+
+    for dtype in (mx.float32, mx.bfloat16):
+        for dim in (64, 96, 128, 256):
+            for heads, kv_heads in ((32, 8), (8, 8)):
+                q, k, v, levels, mask, start, ref = case(heads=heads, kv_heads=kv_heads, dim=dim, n=1, dtype=dtype)
+                scale = dim**-0.5
+                o, lse = cascade.merge([cascade.attend_level(q, lv, scale) for lv in levels])
+                kern = cascade_kernel.suffix_decode(q, k, v, start, o, lse, scale).astype(mx.float32)
+                want = cascade_kernel.suffix_decode_reference(q, k, v, start, o, lse, scale).astype(mx.float32)
+                with cascade.kernel_enabled():
+                    whole = cascade.attention(q, k, v, levels, scale, mask, start).astype(mx.float32)
+                portable = cascade.attention(q, k, v, levels, scale, mask, start).astype(mx.float32)
+                errors = [mx.abs(a - b).max().item() for a, b in ((kern, want), (whole, ref), (portable, ref))]
+                print(
+                    f"check {str(dtype).split('.')[-1]:>8} D={dim:3d} H={heads:2d} kvH={kv_heads}: kernel vs reference "
+                    f"{errors[0]:.2e}; vs sdpa over the concatenation: kernel path {errors[1]:.2e}, mx path "
+                    f"{errors[2]:.2e}",
+                    flush=True,
+                )
+
+
+class _FixedCache:
+    """A decode cache of fixed shape for the compile probe: attention over L cached keys, nothing written."""
+
+    def __init__(self, keys: Any, values: Any, offset: Any) -> None:
+        self.keys, self.values, self.offset = keys, values, offset
+
+    def update_and_fetch(self, keys: Any, values: Any) -> tuple[Any, Any]:
+        return self.keys, self.values
+
+    def make_mask(self, n: int, **kwargs: Any) -> None:
+        return None
+
+
+def graph_nodes(outputs: Any) -> Counter[str]:
+    """Primitives in the graph of `outputs` (not yet evaluated), by name."""
+    import re
+    import tempfile
+
+    import mlx.core as mx
+
+    with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
+        mx.export_to_dot(f.name, outputs)
+        return Counter(re.findall(r'label ="([^"]+)", shape=rectangle', Path(f.name).read_text()))
+
+
+def weights_ms(model: Any, rows: int, iters: int, dtype: Any) -> float:
+    """Every projection of the model applied to `rows` vectors, nothing else: the weight-reading floor."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    linears = [m for _, m in model.named_modules() if isinstance(m, nn.Linear | nn.QuantizedLinear)]
+    inputs = {}
+    for m in linears:
+        width = m.weight.shape[1] * (32 // m.bits if isinstance(m, nn.QuantizedLinear) else 1)
+        inputs.setdefault(width, mx.random.normal((rows, 1, width), dtype=dtype))
+    mx.eval(list(inputs.values()))
+    return timed(lambda: [m(inputs[m.weight.shape[1] * (32 // getattr(m, "bits", 32))]) for m in linears], iters)
+
+
+def floor(model: Any, rows: int, length: int, iters: int, dtype: Any, cuda: bool) -> None:
+    """Where a small-context decode step's time goes (today's path, ragged kernel on CUDA)."""
+    import mlx.core as mx
+
+    caches = own_caches(model, rows, length, dtype)
+    tokens = mx.array([[7]] * rows)
+    start = [c._idx for c in caches]
+    build = run = 0.0
+    with attention.enabled() if cuda else contextlib.nullcontext():
+        mx.eval(model(tokens, cache=caches))
+        for c, s in zip(caches, start, strict=True):
+            c._idx = s
+        probe = model(tokens, cache=caches)
+        nodes = graph_nodes(probe)
+        mx.eval(probe)
+        for _ in range(iters):
+            for c, s in zip(caches, start, strict=True):
+                c._idx = s
+            t0 = time.perf_counter()
+            logits = model(tokens, cache=caches)
+            t1 = time.perf_counter()
+            mx.eval(logits)
+            mx.synchronize()
+            build += t1 - t0
+            run += time.perf_counter() - t1
+    compute = sum(n for name, n in nodes.items() if name not in VIEW_PRIMITIVES)
+    top = ", ".join(f"{name} {n}" for name, n in nodes.most_common(8))
+    print(
+        f"floor B={rows:3d} L={length}: step {(build + run) / iters * 1000:7.2f} ms = graph construction "
+        f"{build / iters * 1000:6.2f} + eval {run / iters * 1000:7.2f}; nodes {sum(nodes.values())} "
+        f"({compute} not views): {top}",
+        flush=True,
+    )
+    weights = weights_ms(model, rows, iters, dtype)
+
+    kvs = [(c.keys[..., :length, :], c.values[..., :length, :]) for c in caches]
+    offset = mx.array([length] * rows)
+    mx.eval(kvs)
+
+    def fixed(tokens: Any, offset: Any, *flat: Any) -> Any:
+        fixed_caches = [_FixedCache(flat[2 * i], flat[2 * i + 1], offset) for i in range(len(flat) // 2)]
+        return model(tokens, cache=fixed_caches)
+
+    flat = [x for kv in kvs for x in kv]
+    compiled = mx.compile(fixed)
+    plain_ms = timed(lambda: fixed(tokens, offset, *flat), iters)
+    t0 = time.perf_counter()
+    mx.eval(compiled(tokens, offset, *flat))
+    trace_ms = (time.perf_counter() - t0) * 1000
+    compiled_ms = timed(lambda: compiled(tokens, offset, *flat), iters)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        compiled(tokens, offset, *flat)
+    call_ms = (time.perf_counter() - t0) / iters * 1000
+    print(
+        f"floor B={rows:3d} L={length}: projections alone {weights:6.2f} ms; fixed-shape step (no mask, keys not "
+        f"written) {plain_ms:6.2f} ms, compiled {compiled_ms:6.2f} ms (first call with tracing {trace_ms:.0f} ms, "
+        f"a compiled call's Python side {call_ms:.3f} ms)",
+        flush=True,
+    )
+    del caches, kvs
+    mx.clear_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny", help="tiny | PATH | gguf:FILE | random:qwen3-8b ...")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--rows", default="32,64,128")
+    ap.add_argument("--prefix", type=int, default=3072, help="shared prefix tokens")
+    ap.add_argument("--own", type=int, default=64, help="own tokens per row")
+    ap.add_argument("--small", type=int, default=128, help="today's path at this context: the goal's baseline")
+    ap.add_argument("--iters", type=int, default=20, help="steps per timing")
+    ap.add_argument("--repeat", type=int, default=3, help="timings per configuration, interleaved; the median counts")
+    ap.add_argument("--floor-rows", default="1,32,128")
+    ap.add_argument("--floor-context", type=int, default=128)
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: check, step, floor")
+    ap.add_argument("--quick", action="store_true", help="rows 2,4; prefix 256; own 16; small 32; 5 steps, once")
+    args = ap.parse_args()
+    if args.quick:
+        args.rows, args.prefix, args.own, args.small, args.iters, args.repeat = "2,4", 256, 16, 32, 5, 1
+        args.floor_rows, args.floor_context = "1,4", 32
+    skip = set(filter(None, args.skip.split(",")))
+
+    import mlx.core as mx
+
+    loaded = load_bench_model(args.model, dtype=args.dtype)
+    model = loaded.model
+    if not (cascade.eligible(model) and cascade.install(model)):
+        sys.exit(f"{args.model}: cascade attention does not apply to this model type")
+    cuda = attention.available() and attention.install(model)
+    dtype = model.layers[0].self_attn.q_proj.weight.dtype
+    print(
+        f"model {args.model} ({dtype}); device {mx.default_device()}; CUDA kernels {'on' if cuda else 'off'}; "
+        f"ms per step, median of {args.repeat} interleaved timings of {args.iters} steps",
+        flush=True,
+    )
+    if cuda and "check" not in skip:
+        check_kernel()
+    if "step" not in skip:
+        p, o, s = args.prefix, args.own, args.small
+        print(
+            f"{'rows':>4} | {'today ' + str(s):>11} {'today ' + str(p + o):>11} | {'cascade mx':>10} {'kernel':>7} | "
+            f"{'tok/s today':>11} {'cascade':>8} | {'best / today ' + str(s):>16} {'today/best':>10}"
+        )
+        for rows in [int(x) for x in args.rows.split(",")]:
+            t = compare(model, rows, args, dtype, cuda)
+            best = min(x for x in (t["cascade_mx"], t["cascade_kernel"]) if x == x)
+            print(
+                f"{rows:4d} | {t['today_small']:11.2f} {t['today_full']:11.2f} | {t['cascade_mx']:10.2f} "
+                f"{t['cascade_kernel']:7.2f} | {rows / t['today_full'] * 1000:11.0f} {rows / best * 1000:8.0f} | "
+                f"{best / t['today_small']:15.2f}x {t['today_full'] / best:9.2f}x",
+                flush=True,
+            )
+    if "floor" not in skip:
+        for rows in [int(x) for x in args.floor_rows.split(",")]:
+            floor(model, rows, args.floor_context, args.iters, dtype, cuda)
+
+
+if __name__ == "__main__":
+    main()
