@@ -6,7 +6,9 @@ Side by side in one run, for each row count R (a shared prefix of P tokens plus 
               mlx-lm's masked attention elsewhere
   today S     the same at S tokens (default 128): the goal is cascade at P shared <= 1.3x this
   cascade     CascadeKVCache (worker/cascade_cache.py): one copy of the prefix, O own tokens per row;
-              mx ops ("mx"), and on CUDA with the suffix kernel ("kernel", worker/cascade_kernel.py)
+              mx ops ("mx", compiled on GPUs; "eager": op by op), and on CUDA with the suffix kernel
+              ("kernel", worker/cascade_kernel.py)
+  admit       admitting requests that share the prefix: today each gets a copy of it, cascade references it
   check       (CUDA) the cascade kernel against its mx-ops reference, and cascade attention against
               mx.fast attention over each row's concatenated keys, head sizes 64/96/128/256, fp32 and bf16
   floor       where a small-context step goes: Python graph construction vs evaluation, graph nodes per
@@ -109,18 +111,31 @@ def step_ms(model: Any, caches: list[Any], iters: int, route: Any = None) -> flo
         return timed(run, iters)
 
 
-def compare(model: Any, rows: int, args: argparse.Namespace, dtype: Any, cuda: bool) -> dict[str, float]:
+@contextlib.contextmanager
+def _eager() -> Any:
+    previous, cascade.COMPILE = cascade.COMPILE, False
+    try:
+        yield
+    finally:
+        cascade.COMPILE = previous
+
+
+def route(mode: str, cuda: bool) -> Any:
+    """The attention routing of a mode: ragged (today on CUDA), kernel (cascade's), eager (cascade uncompiled)."""
+    if mode == "ragged" and cuda:
+        return attention.enabled()
+    if mode == "kernel":
+        return cascade.kernel_enabled()
+    if mode == "eager":
+        return _eager()
+    return contextlib.nullcontext()
+
+
+def compare(model: Any, rows: int, args: argparse.Namespace, dtype: Any, cuda: bool, gpu: bool) -> dict[str, float]:
     """Median step times of today's path (small and full context) and cascade (mx ops, CUDA kernel), interleaved."""
     import statistics
 
     import mlx.core as mx
-
-    def route(mode: str) -> Any:
-        if mode == "ragged" and cuda:
-            return attention.enabled()
-        if mode == "kernel":
-            return cascade.kernel_enabled()
-        return contextlib.nullcontext()
 
     shared = cascade_caches(model, rows, args.prefix, args.own, dtype)
     runs = [
@@ -128,17 +143,53 @@ def compare(model: Any, rows: int, args: argparse.Namespace, dtype: Any, cuda: b
         ("today_full", own_caches(model, rows, args.prefix + args.own, dtype), "ragged"),
         ("cascade_mx", shared, "mx"),
     ]
+    if gpu:
+        runs.append(("cascade_eager", shared, "eager"))
     if cuda:
         runs.append(("cascade_kernel", shared, "kernel"))
     times: dict[str, list[float]] = {name: [] for name, _, _ in runs}
     for _ in range(args.repeat):  # old and new interleaved: the machine's noise hits all of them alike
         for name, caches, mode in runs:
-            times[name].append(step_ms(model, caches, args.iters, route(mode)))
+            times[name].append(step_ms(model, caches, args.iters, route(mode, cuda)))
     del runs, shared
     mx.clear_cache()
     out = {name: statistics.median(ts) for name, ts in times.items()}
     out.setdefault("cascade_kernel", float("nan"))
+    out.setdefault("cascade_eager", float("nan"))
     return out
+
+
+def admit_ms(model: Any, rows: int, prefix: int, suffix: int, dtype: Any, iters: int) -> tuple[float, float]:
+    """Admitting `rows` requests that share a prefix: batch their caches and prefill their suffixes.
+
+    Today each row gets a copy of the prefix (mlx-lm's merge of KVCache views); cascade references it.
+    """
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchKVCache, KVCache
+
+    from omlx_jobs.worker.cascade_cache import SharedPrefix, row_caches
+
+    a = model.args
+    entry = []
+    for _ in model.layers:
+        c = KVCache()
+        shape = (1, a.num_key_value_heads, prefix, a.head_dim)
+        c.keys, c.values, c.offset = _random(shape, dtype), _random(shape, dtype), prefix
+        mx.eval(c.keys, c.values)
+        entry.append(c)
+    level = SharedPrefix.from_caches(entry, 0, prefix)
+    tokens = mx.array([[7] * suffix] * rows)
+
+    def today() -> Any:
+        batch = [BatchKVCache.merge([c] * rows) for c in entry]
+        return model(tokens, cache=batch), [c.state for c in batch]
+
+    def ours() -> Any:
+        per_row = [row_caches([level], len(entry)) for _ in range(rows)]
+        batch = [CascadeKVCache.merge([r[i] for r in per_row]) for i in range(len(entry))]
+        return model(tokens, cache=batch), [c.state for c in batch]
+
+    return timed(today, iters), timed(ours, iters)
 
 
 def check_kernel() -> None:
@@ -270,6 +321,27 @@ def floor(model: Any, rows: int, length: int, iters: int, dtype: Any, cuda: bool
     mx.clear_cache()
 
 
+def print_steps(model: Any, args: argparse.Namespace, dtype: Any, cuda: bool, gpu: bool) -> None:
+    p, o, s = args.prefix, args.own, args.small
+    print(
+        f"step: {p} shared + {o} own tokens per row; today = every row holds {p + o} "
+        f"({'ragged kernel' if cuda else 'mlx-lm attention'}); goal: best cascade <= 1.3x today at {s}"
+    )
+    print(
+        f"{'rows':>4} | {'today ' + str(s):>10} {'today ' + str(p + o):>10} | {'cascade mx':>10} {'eager':>7} "
+        f"{'kernel':>7} | {'tok/s today':>11} {'cascade':>8} | {'best/today ' + str(s):>14} {'today/best':>10}"
+    )
+    for rows in [int(x) for x in args.rows.split(",")]:
+        t = compare(model, rows, args, dtype, cuda, gpu)
+        best = min(x for x in (t["cascade_mx"], t["cascade_eager"], t["cascade_kernel"]) if x == x)
+        print(
+            f"{rows:4d} | {t['today_small']:10.2f} {t['today_full']:10.2f} | {t['cascade_mx']:10.2f} "
+            f"{t['cascade_eager']:7.2f} {t['cascade_kernel']:7.2f} | {rows / t['today_full'] * 1000:11.0f} "
+            f"{rows / best * 1000:8.0f} | {best / t['today_small']:13.2f}x {t['today_full'] / best:9.2f}x",
+            flush=True,
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny", help="tiny | PATH | gguf:FILE | random:qwen3-8b ...")
@@ -280,14 +352,16 @@ def main() -> None:
     ap.add_argument("--small", type=int, default=128, help="today's path at this context: the goal's baseline")
     ap.add_argument("--iters", type=int, default=20, help="steps per timing")
     ap.add_argument("--repeat", type=int, default=3, help="timings per configuration, interleaved; the median counts")
+    ap.add_argument("--admit-rows", default="8,16", help="requests admitted at once (the prefill batch)")
+    ap.add_argument("--admit-suffix", type=int, default=32, help="own tokens each admitted request prefills")
     ap.add_argument("--floor-rows", default="1,32,128")
     ap.add_argument("--floor-context", type=int, default=128)
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: check, step, floor")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: check, step, admit, floor")
     ap.add_argument("--quick", action="store_true", help="rows 2,4; prefix 256; own 16; small 32; 5 steps, once")
     args = ap.parse_args()
     if args.quick:
         args.rows, args.prefix, args.own, args.small, args.iters, args.repeat = "2,4", 256, 16, 32, 5, 1
-        args.floor_rows, args.floor_context = "1,4", 32
+        args.floor_rows, args.floor_context, args.admit_rows, args.admit_suffix = "1,4", 32, "2", 8
     skip = set(filter(None, args.skip.split(",")))
 
     import mlx.core as mx
@@ -297,6 +371,7 @@ def main() -> None:
     if not (cascade.eligible(model) and cascade.install(model)):
         sys.exit(f"{args.model}: cascade attention does not apply to this model type")
     cuda = attention.available() and attention.install(model)
+    gpu = mx.default_device() == mx.gpu
     dtype = model.layers[0].self_attn.q_proj.weight.dtype
     print(
         f"model {args.model} ({dtype}); device {mx.default_device()}; CUDA kernels {'on' if cuda else 'off'}; "
@@ -306,18 +381,13 @@ def main() -> None:
     if cuda and "check" not in skip:
         check_kernel()
     if "step" not in skip:
-        p, o, s = args.prefix, args.own, args.small
-        print(
-            f"{'rows':>4} | {'today ' + str(s):>11} {'today ' + str(p + o):>11} | {'cascade mx':>10} {'kernel':>7} | "
-            f"{'tok/s today':>11} {'cascade':>8} | {'best / today ' + str(s):>16} {'today/best':>10}"
-        )
-        for rows in [int(x) for x in args.rows.split(",")]:
-            t = compare(model, rows, args, dtype, cuda)
-            best = min(x for x in (t["cascade_mx"], t["cascade_kernel"]) if x == x)
+        print_steps(model, args, dtype, cuda, gpu)
+    if "admit" not in skip:
+        for rows in [int(x) for x in args.admit_rows.split(",")]:
+            today, ours = admit_ms(model, rows, args.prefix, args.admit_suffix, dtype, args.iters)
             print(
-                f"{rows:4d} | {t['today_small']:11.2f} {t['today_full']:11.2f} | {t['cascade_mx']:10.2f} "
-                f"{t['cascade_kernel']:7.2f} | {rows / t['today_full'] * 1000:11.0f} {rows / best * 1000:8.0f} | "
-                f"{best / t['today_small']:15.2f}x {t['today_full'] / best:9.2f}x",
+                f"admit {rows} rows of {args.prefix} shared + {args.admit_suffix} own tokens (merge + prefill): "
+                f"today {today:.2f} ms, cascade {ours:.2f} ms ({today / ours:.2f}x)",
                 flush=True,
             )
     if "floor" not in skip:

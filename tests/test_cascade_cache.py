@@ -18,9 +18,10 @@ import pytest
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
-from omlx_jobs.worker import attention, cascade, kv
+from omlx_jobs.worker import attention, cascade, cascade_kernel, kv
 from omlx_jobs.worker.cascade_cache import CascadeKVCache, SharedPrefix, row_caches
-from omlx_jobs.worker.model import LoadedModel
+from omlx_jobs.worker.model import LoadedModel, load
+from tests.tiny_model import build_tiny_model
 
 
 @dataclass
@@ -49,8 +50,11 @@ def _prefill(model: Any, tokens: list[int], base: list[Any] | None = None) -> li
 
 @pytest.fixture(scope="module")
 def prefixes(tiny_loaded: LoadedModel) -> Prefixes:
+    return make_prefixes(tiny_loaded.model)
+
+
+def make_prefixes(model: Any) -> Prefixes:
     """A system prompt shared by 5 rows, two documents after it (2-level chains), a second group, a plain row."""
-    model = tiny_loaded.model
     assert cascade.install(model)
     mx.random.seed(3)
     vocab = model.args.vocab_size
@@ -146,6 +150,24 @@ def test_a_single_row_and_a_one_group_batch(tiny_loaded: LoadedModel, prefixes: 
         ours, ours_lp = generate(model, rows, prefixes.layers, True, waves=1)
         assert ours == today
         assert max_diff(ours_lp, today_lp) < 1e-4
+
+
+def test_decode_through_the_kernel_contract(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """With the CUDA kernel's mx-ops reference in its place (64-wide heads, a size it takes): same tokens."""
+    model = load(str(build_tiny_model(tmp_path_factory.mktemp("wide") / "m", hidden_size=256))).model
+    wide = make_prefixes(model)
+    today, today_lp = generate(model, wide.rows, wide.layers, False)
+    calls = []
+
+    def spy(*args: mx.array) -> mx.array:
+        calls.append(args[0].shape[0])
+        return cascade_kernel.suffix_decode_reference(*args)
+
+    with cascade.kernel_enabled(spy):
+        ours, ours_lp = generate(model, wide.rows, wide.layers, True)
+    assert ours == today
+    assert max_diff(ours_lp, today_lp) < 1e-4
+    assert calls and max(calls) > 4
 
 
 def test_rope_positions_continue_from_the_prefix(
