@@ -19,7 +19,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from omlx_jobs.worker import attention, cascade, cascade_kernel, kv
-from omlx_jobs.worker.cascade_cache import CascadeKVCache, SharedPrefix, row_caches
+from omlx_jobs.worker.cascade_cache import CascadeKVCache, SharedPrefix, SharedPrefixes, row_caches
 from omlx_jobs.worker.model import LoadedModel, load
 from tests.tiny_model import build_tiny_model
 
@@ -293,3 +293,21 @@ def test_eligible_models_and_routing_installs_once(tiny_loaded: LoadedModel) -> 
     fn = module.scaled_dot_product_attention
     assert cascade.install(model) and attention.install(model) and cascade.install(model)
     assert module.scaled_dot_product_attention is fn  # neither wraps twice, in any order
+
+
+def test_rows_continuing_the_same_entries_share_level_objects(tiny_loaded: LoadedModel) -> None:
+    model = tiny_loaded.model
+    system = _prefill(model, list(range(20)))
+    doc = _prefill(model, list(range(20, 32)), system)
+    levels = SharedPrefixes()
+    a = levels.chain([(b"sys", system, 20), (b"doc", doc, 32)])
+    b = levels.chain([(b"sys", system, 20), (b"doc", doc, 32)])
+    c = levels.chain([(b"doc", doc, 32)])  # the document's entry alone: one level of all 32 tokens
+    assert a[0] is b[0] and a[1] is b[1] and len(levels) == 3
+    assert (a[1].start, a[1].end, c[0].start, c[0].end) == (20, 32, 0, 32)
+    batch = cascade_batch([Row([], None, a, [1]), Row([], None, b, [2])], len(model.layers))
+    assert len(batch[0].cascade_layout()[0]) == 2  # two levels, each read once for both rows
+    levels.discard(b"doc")
+    assert len(levels) == 1 and levels.chain([(b"sys", system, 20)])[0] is a[0]
+    with pytest.raises(ValueError, match="deepen"):
+        levels.chain([(b"doc", doc, 32), (b"sys", system, 20)])

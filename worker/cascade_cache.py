@@ -81,6 +81,41 @@ class SharedPrefix:
         return sum(s.nbytes for s in self.segments)
 
 
+class SharedPrefixes:
+    """The prefix levels in use, one SharedPrefix per (entry, token range): rows that continue the same range get
+    the same object, so a batch holds and reads it once. Discard an entry's levels when the entry is released."""
+
+    def __init__(self) -> None:
+        self._levels: dict[tuple[bytes, int, int], SharedPrefix] = {}
+
+    def __len__(self) -> int:
+        return len(self._levels)
+
+    def chain(self, path: Sequence[tuple[bytes, Sequence[Any], int]]) -> list[SharedPrefix]:
+        """The levels of a row whose cached prefix is the path's last entry.
+
+        path: (entry key, entry's per-layer KVCaches, depth in tokens) of the cached entries along the row's trie
+        path, shallowest first (e.g. the system prompt's, then the document's). Level i covers tokens
+        [depth of entry i-1, depth of entry i) of entry i: each level stores only what its parent does not.
+        """
+        out: list[SharedPrefix] = []
+        start = 0
+        for key, caches, depth in path:
+            if depth <= start:
+                raise ValueError(f"prefix entries along a path must deepen: {depth} tokens after {start}")
+            level = self._levels.get((key, start, depth))
+            if level is None:
+                level = self._levels[(key, start, depth)] = SharedPrefix.from_caches(caches, start, depth)
+            out.append(level)
+            start = depth
+        return out
+
+    def discard(self, key: bytes) -> None:
+        """Forget the levels cut from entry `key` (rows that hold them keep them until they leave the batch)."""
+        for k in [k for k in self._levels if k[0] == key]:
+            del self._levels[k]
+
+
 def row_caches(chain: Sequence[SharedPrefix], layers: int, own: Sequence[Any] | None = None) -> list[CascadeKVCache]:
     """Per-layer caches of one new row that continues `chain` (levels in position order), for BatchGenerator.insert.
 
