@@ -357,6 +357,12 @@ def main() -> None:
     ap.add_argument("--floor-rows", default="1,32,128")
     ap.add_argument("--floor-context", type=int, default=128)
     ap.add_argument("--skip", default="", help="comma list of sections to skip: check, step, admit, floor")
+    ap.add_argument(
+        "--emulate-cuda",
+        action="store_true",
+        help="run the CUDA-only parts with the kernels' mx-ops references: checks this script on a CPU (the figures "
+        "mean nothing)",
+    )
     ap.add_argument("--quick", action="store_true", help="rows 2,4; prefix 256; own 16; small 32; 5 steps, once")
     args = ap.parse_args()
     if args.quick:
@@ -366,12 +372,17 @@ def main() -> None:
 
     import mlx.core as mx
 
+    if args.emulate_cuda:
+        attention.available = lambda: True
+        attention.ragged_decode = attention.ragged_reference
+        cascade_kernel.suffix_decode = cascade_kernel.suffix_decode_reference
     loaded = load_bench_model(args.model, dtype=args.dtype)
     model = loaded.model
+    cuda = attention.available() and attention.install(model)
+    # Cascade's routing goes outside the ragged one, so a batch without levels still gets the ragged kernel.
     if not (cascade.eligible(model) and cascade.install(model)):
         sys.exit(f"{args.model}: cascade attention does not apply to this model type")
-    cuda = attention.available() and attention.install(model)
-    gpu = mx.default_device() == mx.gpu
+    gpu = mx.default_device() == mx.gpu or args.emulate_cuda
     dtype = model.layers[0].self_attn.q_proj.weight.dtype
     print(
         f"model {args.model} ({dtype}); device {mx.default_device()}; CUDA kernels {'on' if cuda else 'off'}; "
