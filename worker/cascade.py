@@ -104,9 +104,11 @@ def _softmax_v(q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None, sca
         scores = mx.where(mask, scores, NEG_INF)
     m = scores.max(axis=-1, keepdims=True).astype(mx.float32)
     m = mx.where(m == NEG_INF, 0.0, m)  # a query that sees no key: its weights are all 0
-    e = _exp(scores.astype(mx.float32) - m)
-    total = e.sum(axis=-1, keepdims=True)
-    o = (e.astype(v.dtype) @ v).astype(mx.float32) / mx.maximum(total, 1e-30)
+    # The weights in v's dtype (what the matmul reads anyway): a bf16 model's score matrix is written and read as
+    # bf16, not float32, and the sum (accumulated in float32 by mlx) normalises exactly the weights used.
+    e = _exp(scores.astype(mx.float32) - m).astype(v.dtype)
+    total = e.sum(axis=-1, keepdims=True).astype(mx.float32)
+    o = (e @ v).astype(mx.float32) / mx.maximum(total, 1e-30)
     return o, (m + mx.log(total))[..., 0]
 
 
