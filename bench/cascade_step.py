@@ -94,21 +94,29 @@ def cascade_caches(model: Any, rows: int, prefix: int, own: int, dtype: Any) -> 
     return out
 
 
-def step_ms(model: Any, caches: list[Any], iters: int, route: Any = None) -> float:
-    """One decode step of every row at a fixed context (the caches are rewound after each step)."""
+def step_ms(model: Any, caches: list[Any], iters: int, route: Any = None) -> tuple[float, float]:
+    """One decode step of every row at a fixed context (the caches are rewound after each step).
+
+    Returns ms per step and, of that, ms of Python building the step's graph (before mx.eval runs it).
+    """
     import mlx.core as mx
 
     owns = [getattr(c, "own", c) for c in caches]
     start = [c._idx for c in owns]
     tokens = mx.array([[7]] * int(owns[0].offset.shape[0]))
+    build: list[float] = []
 
     def run() -> Any:
+        t0 = time.perf_counter()
         for c, s in zip(owns, start, strict=True):
             c._idx = s
-        return model(tokens, cache=caches)
+        out = model(tokens, cache=caches)
+        build.append(time.perf_counter() - t0)
+        return out
 
     with route if route is not None else contextlib.nullcontext():
-        return timed(run, iters)
+        ms = timed(run, iters)
+    return ms, sum(build[-iters:]) / iters * 1000
 
 
 @contextlib.contextmanager
@@ -148,12 +156,16 @@ def compare(model: Any, rows: int, args: argparse.Namespace, dtype: Any, cuda: b
     if cuda:
         runs.append(("cascade_kernel", shared, "kernel"))
     times: dict[str, list[float]] = {name: [] for name, _, _ in runs}
+    builds: dict[str, list[float]] = {name: [] for name, _, _ in runs}
     for _ in range(args.repeat):  # old and new interleaved: the machine's noise hits all of them alike
         for name, caches, mode in runs:
-            times[name].append(step_ms(model, caches, args.iters, route(mode, cuda)))
+            ms, build = step_ms(model, caches, args.iters, route(mode, cuda))
+            times[name].append(ms)
+            builds[name].append(build)
     del runs, shared
     mx.clear_cache()
     out = {name: statistics.median(ts) for name, ts in times.items()}
+    out |= {f"{name}_build": statistics.median(ts) for name, ts in builds.items()}
     out.setdefault("cascade_kernel", float("nan"))
     out.setdefault("cascade_eager", float("nan"))
     return out
@@ -340,6 +352,9 @@ def print_steps(model: Any, args: argparse.Namespace, dtype: Any, cuda: bool, gp
             f"{rows / best * 1000:8.0f} | {best / t['today_small']:13.2f}x {t['today_full'] / best:9.2f}x",
             flush=True,
         )
+        names = [n for n in ("today_small", "today_full", "cascade_mx", "cascade_eager", "cascade_kernel") if n in t]
+        built = ", ".join(f"{n} {t[n + '_build']:.2f}" for n in names if f"{n}_build" in t)
+        print(f"     of which Python building the step's graph, ms: {built}", flush=True)
 
 
 def main() -> None:

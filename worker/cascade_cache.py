@@ -20,6 +20,12 @@ BatchGenerator works with it unchanged: `CascadeKVCache.merge` (classmethod) tur
 `insert(caches=)` into a batch cache, and filter/extend/extract/prepare/finalize/make_mask/state/nbytes are the
 methods its PromptProcessingBatch and GenerationBatch call. Every row of one BatchGenerator must use this class
 (a row without shared prefix has an empty chain): mlx-lm merges and extends caches of the first row's type.
+
+Use, for a model where cascade.eligible() holds: attention.install (on CUDA) then cascade.install; per row,
+`row_caches(levels.chain(path), layers)` as its `caches` (path: the cached entries along its trie path, see
+SharedPrefixes.chain), its uncached tokens as its prompt. The batch references an entry's arrays as long as a
+row that continues it is in the BatchGenerator; pin the entry once per such row, unpin when the row finishes or
+is removed, so the prefix cache's byte count matches what is held.
 """
 
 from __future__ import annotations
