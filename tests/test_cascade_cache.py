@@ -311,3 +311,15 @@ def test_rows_continuing_the_same_entries_share_level_objects(tiny_loaded: Loade
     assert len(levels) == 1 and levels.chain([(b"sys", system, 20)])[0] is a[0]
     with pytest.raises(ValueError, match="deepen"):
         levels.chain([(b"doc", doc, 32), (b"sys", system, 20)])
+
+
+def test_a_row_with_no_own_tokens_yet(prefixes: Prefixes) -> None:
+    """Straight after insertion a row holds only references: extracting it copies nothing but its levels."""
+    layers = prefixes.layers
+    c = CascadeKVCache.merge([row_caches([prefixes.system, prefixes.doc_a], layers)[0]])
+    assert c.own.keys is None and not c.empty() and c.size() == 0
+    assert c.offset.tolist() == [70]  # its first own token goes to position 70
+    whole = c.extract(0).to_kv_cache()
+    assert whole.offset == 70
+    assert mx.array_equal(whole.keys[..., :40, :], prefixes.system.segments[0].keys).item()
+    assert CascadeKVCache.merge([row_caches([], layers)[0]]).empty()
