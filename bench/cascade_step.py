@@ -162,12 +162,46 @@ def compare(model: Any, rows: int, args: argparse.Namespace, dtype: Any, cuda: b
             ms, build = step_ms(model, caches, args.iters, route(mode, cuda))
             times[name].append(ms)
             builds[name].append(build)
+    layer = layer_ms(model, runs[1][1][0], shared[0], args.iters, cuda)
     del runs, shared
     mx.clear_cache()
-    out = {name: statistics.median(ts) for name, ts in times.items()}
+    out = {name: statistics.median(ts) for name, ts in times.items()} | layer
     out |= {f"{name}_build": statistics.median(ts) for name, ts in builds.items()}
     out.setdefault("cascade_kernel", float("nan"))
     out.setdefault("cascade_eager", float("nan"))
+    return out
+
+
+def layer_ms(model: Any, full: Any, shared: Any, iters: int, cuda: bool) -> dict[str, float]:
+    """One layer's decode attention alone, each call evaluated: today's (every row's copy), cascade's, its parts."""
+    import mlx.core as mx
+
+    a = model.args
+    rows = int(full.offset.shape[0])
+    q = _random((rows, a.num_attention_heads, 1, a.head_dim), full.keys.dtype)
+    scale = a.head_dim**-0.5
+    k, v = full.keys[..., : full._idx, :], full.values[..., : full._idx, :]
+    mask = (mx.arange(full._idx)[None] >= full.left_padding[:, None])[:, None, None, :]
+    own = shared.own
+    ok, ov = own.keys[..., : own._idx, :], own.values[..., : own._idx, :]
+    own_mask = (mx.arange(own._idx)[None] >= own.left_padding[:, None])[:, None, None, :]
+    levels, _ = shared.cascade_layout()
+    mx.eval(q, mask, own_mask)
+    if cuda:
+        today = timed(lambda: attention.ragged_decode(q, k, v, full.left_padding, scale), iters)
+    else:
+        today = timed(lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask), iters)
+    out = {
+        "layer_today": today,
+        "layer_mx": timed(lambda: cascade.attention(q, ok, ov, levels, scale, own_mask, own.left_padding), iters),
+        "layer_prefix": timed(lambda: cascade.attend_level(q, levels[0], scale), iters),
+        "layer_kernel": float("nan"),
+    }
+    if cuda:
+        with cascade.kernel_enabled():
+            out["layer_kernel"] = timed(
+                lambda: cascade.attention(q, ok, ov, levels, scale, own_mask, own.left_padding), iters
+            )
     return out
 
 
@@ -378,6 +412,11 @@ def print_steps(model: Any, args: argparse.Namespace, dtype: Any, cuda: bool, gp
         names = [n for n in ("today_small", "today_full", "cascade_mx", "cascade_eager", "cascade_kernel") if n in t]
         built = ", ".join(f"{n} {t[n + '_build']:.2f}" for n in names if f"{n}_build" in t)
         print(f"     of which Python building the step's graph, ms: {built}", flush=True)
+        print(
+            f"     one layer's attention alone, ms: today {t['layer_today']:.3f}, cascade mx {t['layer_mx']:.3f} "
+            f"(its prefix part {t['layer_prefix']:.3f}), kernel {t['layer_kernel']:.3f}",
+            flush=True,
+        )
 
 
 def main() -> None:
