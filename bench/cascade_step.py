@@ -187,6 +187,10 @@ def layer_ms(model: Any, full: Any, shared: Any, iters: int, cuda: bool) -> dict
     own_mask = (mx.arange(own._idx)[None] >= own.left_padding[:, None])[:, None, None, :]
     levels, _ = shared.cascade_layout()
     mx.eval(q, mask, own_mask)
+    structure = tuple(lv.rows is not None for lv in levels)
+    kv_heads = a.num_key_value_heads
+    prefix_part = cascade._decode_step(kv_heads, a.num_attention_heads // kv_heads, scale, structure, kernel=True)
+    flat = [x for lv in levels for x in (lv.keys, lv.values, lv.rows, lv.slot, lv.member) if x is not None]
     if cuda:
         today = timed(lambda: attention.ragged_decode(q, k, v, full.left_padding, scale), iters)
     else:
@@ -194,7 +198,7 @@ def layer_ms(model: Any, full: Any, shared: Any, iters: int, cuda: bool) -> dict
     out = {
         "layer_today": today,
         "layer_mx": timed(lambda: cascade.attention(q, ok, ov, levels, scale, own_mask, own.left_padding), iters),
-        "layer_prefix": timed(lambda: cascade.attend_level(q, levels[0], scale), iters),
+        "layer_prefix": timed(lambda: prefix_part(q, *flat), iters),
         "layer_kernel": float("nan"),
     }
     if cuda:

@@ -26,10 +26,10 @@ def levels_for(chains: list[list[int]], segs: list[tuple[mx.array, mx.array]]) -
         if len(rows) == len(chains):
             out.append(Level(k, v, None, None))
             continue
-        slot = [len(rows)] * len(chains)
+        slot, member = [0] * len(chains), [False] * len(chains)
         for i, b in enumerate(rows):
-            slot[b] = i
-        out.append(Level(k, v, mx.array(rows, mx.int32), mx.array(slot, mx.int32)))
+            slot[b], member[b] = i, True
+        out.append(Level(k, v, mx.array(rows, mx.int32), mx.array(slot, mx.int32), mx.array(member)))
     return out
 
 

@@ -101,8 +101,15 @@ def test_kernel_shapes_are_the_ragged_kernels() -> None:
 
 def test_the_compiled_path_used_on_gpus_gives_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     """Shapeless compilation (Metal, CUDA) across batches of different shapes; forced here on the CPU."""
-    monkeypatch.setattr(cascade, "_cores", lambda: cascade._compiled)
-    for n, heads, dtype in [(1, 8, mx.float32), (4, 4, mx.float32), (3, 8, mx.bfloat16)]:
-        q, k, v, levels, mask, start, ref = case(heads=heads, kv_heads=2, dim=64, n=n, dtype=dtype)
+    monkeypatch.setattr(cascade, "_compiling", lambda: True)
+    monkeypatch.setattr(cascade, "_decode_steps", {})
+    cases = [(1, 8, mx.float32, OWN), (1, 8, mx.float32, [x + 3 for x in OWN]), (4, 4, mx.float32, OWN)]
+    for n, heads, dtype, own in [*cases, (1, 8, mx.bfloat16, OWN), (3, 8, mx.bfloat16, OWN)]:
+        q, k, v, levels, mask, start, ref = case(heads=heads, kv_heads=2, dim=64, n=n, dtype=dtype, own=own)
         out = cascade.attention(q, k, v, levels, 0.125, mask, start)
         assert mx.abs(out.astype(mx.float32) - ref).max().item() < TOLERANCE[dtype]
+    assert len(cascade._decode_steps) == 1  # one level structure: one function for both lengths and dtypes
+    q, k, v, levels, mask, start, ref = case(heads=8, kv_heads=2, dim=64, n=1, dtype=mx.float32)
+    with cascade.kernel_enabled(cascade_kernel.suffix_decode_reference):
+        out = cascade.attention(q, k, v, levels, 0.125, mask, start)
+    assert mx.abs(out - ref).max().item() < TOLERANCE[mx.float32]

@@ -58,7 +58,9 @@ class Level:
     rows: mx.array | None
     """[r] int32, the batch rows that continue this segment, in order; None when every row does."""
     slot: mx.array | None
-    """[B] int32, each batch row's index into `rows` (r for the rows that do not continue it); None with rows."""
+    """[B] int32, each batch row's index into `rows` (0 for the rows that do not continue it); None with rows."""
+    member: mx.array | None = None
+    """[B] bool, whether each batch row continues this segment; None with rows."""
 
 
 def attend(
@@ -109,7 +111,7 @@ def _softmax_v(q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None, sca
     e = _exp(scores.astype(mx.float32) - m).astype(v.dtype)
     total = e.sum(axis=-1, keepdims=True).astype(mx.float32)
     o = (e @ v).astype(mx.float32) / mx.maximum(total, 1e-30)
-    return o, (m + mx.log(total))[..., 0]
+    return o, mx.squeeze(m + mx.log(total), -1)
 
 
 def _exp(x: mx.array) -> mx.array:
@@ -122,11 +124,13 @@ def _exp(x: mx.array) -> mx.array:
 _compiled = (mx.compile(_core, shapeless=True), mx.compile(_core_masked, shapeless=True))
 
 
+def _compiling() -> bool:
+    """Compile (fewer, fused kernels, one call) except on the CPU, where mlx compiles with the C++ compiler."""
+    return COMPILE and mx.default_device() != mx.cpu
+
+
 def _cores() -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """Compiled (fewer, fused kernels) except on the CPU, where mlx compiles with the C++ compiler at run time."""
-    if COMPILE and mx.default_device() != mx.cpu:
-        return _compiled
-    return (_core, _core_masked)
+    return _compiled if _compiling() else (_core, _core_masked)
 
 
 def attend_level(q: mx.array, level: Level, scale: float) -> tuple[mx.array, mx.array]:
@@ -148,9 +152,13 @@ def attend_level(q: mx.array, level: Level, scale: float) -> tuple[mx.array, mx.
     if level.slot is None:
         return o, lse
     assert b == level.slot.shape[0], "a level's slots cover the batch"
-    o = mx.take(mx.concatenate([o, mx.zeros((1, h, n, d), o.dtype)]), level.slot, axis=0)
-    lse = mx.take(mx.concatenate([lse, mx.full((1, h, n), NEG_INF, lse.dtype)]), level.slot, axis=0)
-    return o, lse
+    return _scatter_rows(o, lse, level.slot, level.member)
+
+
+def _scatter_rows(o: mx.array, lse: mx.array, slot: mx.array, member: mx.array) -> tuple[mx.array, mx.array]:
+    """A level's rows' (o, lse) in batch order; o 0 and lse -inf for the rows outside the level (shapeless)."""
+    o = mx.where(mx.expand_dims(member, (1, 2, 3)), mx.take(o, slot, axis=0), 0.0)
+    return o, mx.where(mx.expand_dims(member, (1, 2)), mx.take(lse, slot, axis=0), NEG_INF)
 
 
 def _merge2(o1: mx.array, lse1: mx.array, o2: mx.array, lse2: mx.array) -> tuple[mx.array, mx.array]:
@@ -185,30 +193,78 @@ def attention(
     """Attention of q to each row's prefix levels followed by its own keys k, v (masked by `mask`), in q's dtype.
 
     q: [B, H, N, D]; k, v: [B, kv_heads, S, D], the rows' own suffixes (left-padded; `start` [B] int32 is each
-    row's first real key, used by the decode kernel). A decode step (N == 1) inside `kernel_enabled()` merges
-    the suffixes in the kernel; everything else is mx ops, in chunks of query positions for long prefills.
+    row's first real key, used by the decode kernel). A decode step (N == 1) is one graph per level structure
+    (compiled on GPUs); inside `kernel_enabled()` its own suffixes are merged in the kernel. A prefill chunk is
+    mx ops, split into chunks of query positions when long.
     """
-    kernel = getattr(_state, "kernel", None)
-    if (
-        kernel is not None
-        and levels
-        and q.shape[2] == 1
-        and start is not None
-        and ragged.supported(q.shape[1], k.shape[1], q.shape[-1])
-    ):
-        o, lse = merge([attend_level(q, lv, scale) for lv in levels])
-        return kernel(q, k, v, start, o, lse, scale)
     b, h, n, _ = q.shape
+    if n == 1:
+        kernel = getattr(_state, "kernel", None)
+        if not (kernel is not None and levels and start is not None and ragged.supported(h, k.shape[1], q.shape[-1])):
+            kernel = None
+        step = _decode_step(k.shape[1], h // k.shape[1], scale, tuple(lv.rows is not None for lv in levels), kernel)
+        own = [] if kernel is not None else [k, v, mask if mask is not None else mx.array(True)]
+        flat = [x for lv in levels for x in (lv.keys, lv.values, lv.rows, lv.slot, lv.member) if x is not None]
+        o, lse = step(q, *own, *flat)
+        return o.astype(q.dtype) if kernel is None else kernel(q, k, v, start, o, lse, scale)
     longest = max([k.shape[2], *(lv.keys.shape[2] for lv in levels)])
-    step = max(1, SCORE_BUDGET // max(1, b * h * longest))
+    step_n = max(1, SCORE_BUDGET // max(1, b * h * longest))
     outs = []
-    for i in range(0, n, step):
-        qi = q[:, :, i : i + step]
-        mi = mask if mask is None or mask.shape[-2] == 1 else mask[..., i : i + step, :]
+    for i in range(0, n, step_n):
+        qi = q[:, :, i : i + step_n]
+        mi = mask if mask is None or mask.shape[-2] == 1 else mask[..., i : i + step_n, :]
         parts = [attend(qi, k, v, scale, mi)] + [attend_level(qi, lv, scale) for lv in levels]
         outs.append(merge(parts)[0])
     out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
     return out.astype(q.dtype)
+
+
+_decode_steps: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+
+def _decode_step(
+    kv_heads: int, g: int, scale: float, structure: tuple[bool, ...], kernel: Any
+) -> Callable[..., tuple[mx.array, mx.array]]:
+    """The decode step's attention for one level structure: one call (and, compiled, a few fused kernels)."""
+    compiled = _compiling()
+    key = (kv_heads, g, scale, structure, kernel is None, compiled)
+    fn = _decode_steps.get(key)
+    if fn is None:
+        if len(_decode_steps) >= 256:  # batches of ever new level structures: keep the memo bounded
+            _decode_steps.clear()
+        fn = _decode_graph(kv_heads, g, scale, structure, own=kernel is None)
+        fn = _decode_steps[key] = mx.compile(fn, shapeless=True) if compiled else fn
+    return fn
+
+
+def _decode_graph(
+    kv_heads: int, g: int, scale: float, structure: tuple[bool, ...], own: bool
+) -> Callable[..., tuple[mx.array, mx.array]]:
+    """decode(q, [k, v, mask], *levels) -> (o [B, H, 1, D] float32, lse [B, H, 1]): no reshape, so shapeless.
+
+    The G query heads of a kv head are its rows' queries ([B, kv_heads, G, D]); a level folds its rows into them
+    ([1, kv_heads, r * G, D]). `own`: also attend the own suffixes (else the kernel does, from o and lse).
+    """
+
+    def decode(q: mx.array, *arrays: mx.array) -> tuple[mx.array, mx.array]:
+        folded = mx.flatten(mx.unflatten(q, 1, (kv_heads, g)), 2, 3)
+        acc = _softmax_v(folded, *arrays[:3], scale) if own else None
+        i = 3 if own else 0
+        for has_rows in structure:
+            keys, values = arrays[i], arrays[i + 1]
+            qs = mx.take(folded, arrays[i + 2], axis=0) if has_rows else folded
+            rows_q = mx.expand_dims(mx.flatten(qs.transpose(1, 0, 2, 3), 1, 2), 0)
+            o, lse = _softmax_v(rows_q, keys, values, None, scale)
+            o = mx.unflatten(mx.squeeze(o, 0), 1, (-1, g)).transpose(1, 0, 2, 3)
+            lse = mx.unflatten(mx.squeeze(lse, 0), 1, (-1, g)).transpose(1, 0, 2)
+            if has_rows:
+                o, lse = _scatter_rows(o, lse, arrays[i + 3], arrays[i + 4])
+            i += 5 if has_rows else 2
+            acc = (o, lse) if acc is None else _merge2(*acc, o, lse)
+        assert acc is not None, "a decode step attends to something"
+        return mx.expand_dims(mx.flatten(acc[0], 1, 2), 2), mx.expand_dims(mx.flatten(acc[1], 1, 2), 2)
+
+    return decode
 
 
 @contextlib.contextmanager

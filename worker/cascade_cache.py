@@ -180,10 +180,12 @@ class CascadeKVCache(_BaseCache):
                 if len(rows) == batch:
                     levels.append(Level(seg.keys, seg.values, None, None))
                     continue
-                slot = [len(rows)] * batch
+                slot, member = [0] * batch, [False] * batch
                 for i, row in enumerate(rows):
-                    slot[row] = i
-                levels.append(Level(seg.keys, seg.values, mx.array(rows, mx.int32), mx.array(slot, mx.int32)))
+                    slot[row], member[row] = i, True
+                levels.append(
+                    Level(seg.keys, seg.values, mx.array(rows, mx.int32), mx.array(slot, mx.int32), mx.array(member))
+                )
             lengths = mx.array([sum(s.length for s in chain) for chain in self.chains], mx.int32)
             self._layout = (tuple(levels), lengths)
         return self._layout
