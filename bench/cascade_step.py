@@ -94,10 +94,11 @@ def cascade_caches(model: Any, rows: int, prefix: int, own: int, dtype: Any) -> 
     return out
 
 
-def step_ms(model: Any, caches: list[Any], iters: int, route: Any = None) -> tuple[float, float]:
+def step_ms(model: Any, caches: list[Any], iters: int, route: Any = None) -> tuple[float, float, int]:
     """One decode step of every row at a fixed context (the caches are rewound after each step).
 
-    Returns ms per step and, of that, ms of Python building the step's graph (before mx.eval runs it).
+    Returns ms per step, of that the ms of Python building the step's graph (before mx.eval runs it), and the
+    number of nodes in a step's graph (a compiled function counts as one).
     """
     import mlx.core as mx
 
@@ -116,7 +117,10 @@ def step_ms(model: Any, caches: list[Any], iters: int, route: Any = None) -> tup
 
     with route if route is not None else contextlib.nullcontext():
         ms = timed(run, iters)
-    return ms, sum(build[-iters:]) / iters * 1000
+        probe = run()
+        nodes = graph_nodes(probe)
+        mx.eval(probe)
+    return ms, sum(build[-iters - 1 : -1]) / iters * 1000, sum(nodes.values())
 
 
 @contextlib.contextmanager
@@ -157,9 +161,10 @@ def compare(model: Any, rows: int, args: argparse.Namespace, dtype: Any, cuda: b
         runs.append(("cascade_kernel", shared, "kernel"))
     times: dict[str, list[float]] = {name: [] for name, _, _ in runs}
     builds: dict[str, list[float]] = {name: [] for name, _, _ in runs}
+    nodes: dict[str, int] = {}
     for _ in range(args.repeat):  # old and new interleaved: the machine's noise hits all of them alike
         for name, caches, mode in runs:
-            ms, build = step_ms(model, caches, args.iters, route(mode, cuda))
+            ms, build, nodes[name] = step_ms(model, caches, args.iters, route(mode, cuda))
             times[name].append(ms)
             builds[name].append(build)
     layer = layer_ms(model, runs[1][1][0], shared[0], args.iters, cuda)
@@ -167,6 +172,7 @@ def compare(model: Any, rows: int, args: argparse.Namespace, dtype: Any, cuda: b
     mx.clear_cache()
     out = {name: statistics.median(ts) for name, ts in times.items()} | layer
     out |= {f"{name}_build": statistics.median(ts) for name, ts in builds.items()}
+    out |= {f"{name}_nodes": n for name, n in nodes.items()}
     out.setdefault("cascade_kernel", float("nan"))
     out.setdefault("cascade_eager", float("nan"))
     return out
@@ -414,7 +420,7 @@ def print_steps(model: Any, args: argparse.Namespace, dtype: Any, cuda: bool, gp
             flush=True,
         )
         names = [n for n in ("today_small", "today_full", "cascade_mx", "cascade_eager", "cascade_kernel") if n in t]
-        built = ", ".join(f"{n} {t[n + '_build']:.2f}" for n in names if f"{n}_build" in t)
+        built = ", ".join(f"{n} {t[n + '_build']:.2f} ({t[n + '_nodes']} nodes)" for n in names if f"{n}_build" in t)
         print(f"     of which Python building the step's graph, ms: {built}", flush=True)
         print(
             f"     one layer's attention alone, ms: today {t['layer_today']:.3f}, cascade mx {t['layer_mx']:.3f} "
