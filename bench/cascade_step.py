@@ -250,9 +250,17 @@ def admit_ms(model: Any, rows: int, prefix: int, suffix: int, dtype: Any, iters:
 
 def check_kernel() -> None:
     """The cascade kernel against its mx-ops reference and the whole cascade against sdpa, on ragged rows."""
+    import importlib.util
+
     import mlx.core as mx
 
-    from tests.cascade_cases import case
+    # By path: a `tests` package elsewhere on sys.path (some wheels ship one) must not shadow ours.
+    path = Path(__file__).resolve().parents[1] / "tests" / "cascade_cases.py"
+    spec = importlib.util.spec_from_file_location("cascade_cases", path)
+    assert spec is not None and spec.loader is not None
+    cases = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cases)
+    case = cases.case
 
     for dtype in (mx.float32, mx.bfloat16):
         for dim in (64, 96, 128, 256):

@@ -175,9 +175,10 @@ merge2 = mx.compile(_merge2, shapeless=True)
 
 def merge(parts: Sequence[tuple[mx.array, mx.array]]) -> tuple[mx.array, mx.array]:
     """The exact merge of attention over disjoint key sets, from each part's (o, lse): attention over their union."""
+    fn = merge2 if _compiling() else _merge2
     o, lse = parts[0]
     for o2, lse2 in parts[1:]:
-        o, lse = merge2(o, lse, o2, lse2)
+        o, lse = fn(o, lse, o2, lse2)
     return o, lse
 
 
