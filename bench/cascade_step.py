@@ -117,16 +117,25 @@ def compare(model: Any, rows: int, args: argparse.Namespace, dtype: Any, cuda: b
     times: dict[str, list[float]] = {name: [] for name, _, _ in runs}
     builds: dict[str, list[float]] = {name: [] for name, _, _ in runs}
     nodes: dict[str, int] = {}
+    failed: set[str] = set()
     for _ in range(args.repeat):  # old and new interleaved: the machine's noise hits all of them alike
         for name, caches, mode in runs:
-            ms, build, nodes[name] = step_ms(model, caches, args.iters, route(mode, cuda))
+            if name in failed:
+                continue
+            try:
+                ms, build, nodes[name] = step_ms(model, caches, args.iters, route(mode, cuda))
+            except Exception as exc:  # a kernel that does not build must not cost the other figures
+                print(f"     {name} failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                failed.add(name)
+                continue
             times[name].append(ms)
             builds[name].append(build)
-    layer = layer_ms(model, runs[1][1][0], shared[0], args.iters, cuda)
+    layer = layer_ms(model, runs[1][1][0], shared[0], args.iters, cuda and "cascade_kernel" not in failed)
     del runs, shared
     mx.clear_cache()
-    out = {name: statistics.median(ts) for name, ts in times.items()} | layer
-    out |= {f"{name}_build": statistics.median(ts) for name, ts in builds.items()}
+    nan = float("nan")
+    out = {name: statistics.median(ts) if ts else nan for name, ts in times.items()} | layer
+    out |= {f"{name}_build": statistics.median(ts) for name, ts in builds.items() if ts}
     out |= {f"{name}_nodes": n for name, n in nodes.items()}
     out.setdefault("cascade_kernel", float("nan"))
     out.setdefault("cascade_eager", float("nan"))
@@ -216,23 +225,27 @@ def check_kernel() -> None:
     cases = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cases)
     case = cases.case
-
+    nan = float("nan")
     for dtype in (mx.float32, mx.bfloat16):
         for dim in (64, 96, 128, 256):
             for heads, kv_heads in ((32, 8), (8, 8)):
                 q, k, v, levels, mask, start, ref = case(heads=heads, kv_heads=kv_heads, dim=dim, n=1, dtype=dtype)
                 scale = dim**-0.5
-                o, lse = cascade.merge([cascade.attend_level(q, lv, scale) for lv in levels])
-                kern = cascade_kernel.suffix_decode(q, k, v, start, o, lse, scale).astype(mx.float32)
-                want = cascade_kernel.suffix_decode_reference(q, k, v, start, o, lse, scale).astype(mx.float32)
-                with cascade.kernel_enabled():
-                    whole = cascade.attention(q, k, v, levels, scale, mask, start).astype(mx.float32)
                 portable = cascade.attention(q, k, v, levels, scale, mask, start).astype(mx.float32)
-                errors = [mx.abs(a - b).max().item() for a, b in ((kern, want), (whole, ref), (portable, ref))]
+                errors = [mx.abs(portable - ref).max().item(), nan, nan]
+                try:
+                    o, lse = cascade.merge([cascade.attend_level(q, lv, scale) for lv in levels])
+                    kern = cascade_kernel.suffix_decode(q, k, v, start, o, lse, scale).astype(mx.float32)
+                    want = cascade_kernel.suffix_decode_reference(q, k, v, start, o, lse, scale).astype(mx.float32)
+                    with cascade.kernel_enabled():
+                        whole = cascade.attention(q, k, v, levels, scale, mask, start).astype(mx.float32)
+                    errors[1:] = [mx.abs(kern - want).max().item(), mx.abs(whole - ref).max().item()]
+                except Exception as exc:  # report it and go on: the mx path's figures still count
+                    print(f"check: the kernel failed: {type(exc).__name__}: {str(exc)[:500]}", flush=True)
                 print(
-                    f"check {str(dtype).split('.')[-1]:>8} D={dim:3d} H={heads:2d} kvH={kv_heads}: kernel vs reference "
-                    f"{errors[0]:.2e}; vs sdpa over the concatenation: kernel path {errors[1]:.2e}, mx path "
-                    f"{errors[2]:.2e}",
+                    f"check {str(dtype).split('.')[-1]:>8} D={dim:3d} H={heads:2d} kvH={kv_heads}: vs sdpa over the "
+                    f"concatenation: mx path {errors[0]:.2e}, kernel path {errors[2]:.2e}; kernel vs its reference "
+                    f"{errors[1]:.2e}",
                     flush=True,
                 )
 
@@ -249,7 +262,7 @@ def print_steps(model: Any, args: argparse.Namespace, dtype: Any, cuda: bool, gp
     )
     for rows in [int(x) for x in args.rows.split(",")]:
         t = compare(model, rows, args, dtype, cuda, gpu)
-        best = min(x for x in (t["cascade_mx"], t["cascade_eager"], t["cascade_kernel"]) if x == x)
+        best = min([x for x in (t["cascade_mx"], t["cascade_eager"], t["cascade_kernel"]) if x == x] or [float("nan")])
         print(
             f"{rows:4d} | {t['today_small']:10.2f} {t['today_full']:10.2f} | {t['cascade_mx']:10.2f} "
             f"{t['cascade_eager']:7.2f} {t['cascade_kernel']:7.2f} | {rows / t['today_full'] * 1000:11.0f} "
