@@ -178,8 +178,11 @@ def install(model: Any) -> bool:
     original = getattr(module, "scaled_dot_product_attention", None)
     if module is None or original is None:
         return False
-    if getattr(original, "_omlx_ragged", False):
-        return True
+    wrapped = original
+    while wrapped is not None:  # installed already, maybe under another wrapper (cascade.install)
+        if getattr(wrapped, "_omlx_ragged", False):
+            return True
+        wrapped = getattr(wrapped, "__wrapped__", None)
 
     def scaled_dot_product_attention(
         queries: mx.array,
@@ -203,5 +206,6 @@ def install(model: Any) -> bool:
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
     scaled_dot_product_attention._omlx_ragged = True  # type: ignore[attr-defined]
+    scaled_dot_product_attention.__wrapped__ = original  # type: ignore[attr-defined]
     module.scaled_dot_product_attention = scaled_dot_product_attention
     return True

@@ -1,0 +1,343 @@
+"""Cascade attention: the rows that share a prefix attend to its keys and values once (Hydragen, FlashInfer).
+
+A row's keys are a chain of shared prefix levels (a system prompt, then a document, ...) followed by its own
+suffix. Attention over the concatenation is the exact merge of attention over each part, weighted by each
+part's log-sum-exp (lse):
+
+    m = max_i lse_i,   o = sum_i exp(lse_i - m) o_i / sum_i exp(lse_i - m),   lse = m + log sum_i exp(lse_i - m)
+
+Attention to a level is one call for all the rows that share it: their queries are folded into the query
+dimension ([1, kv_heads, rows * G * N, D] against the level's [1, kv_heads, P, D]), so the level's keys and
+values are read once per step however many rows share it, and a decode step becomes a matmul instead of one
+matrix-vector product per row.
+
+The portable path is mx ops only, so it runs on the CPU, Metal and CUDA alike. On CUDA, decode steps can merge
+the rows' own suffixes in a kernel instead (cascade_kernel.py, inside `kernel_enabled()`).
+
+The cache that holds the levels and the suffixes is cascade_cache.CascadeKVCache; `install` routes a model's
+attention call to `attention` whenever its layer cache is one. Model types: llama, qwen2, qwen3 and mistral
+whose layer caches are all mlx-lm's KVCache (no sliding-window layers): their attention applies RoPE at
+`cache.offset`, passes mlx-lm's mask and the cache straight to `scaled_dot_product_attention`, and has no
+attention sinks (checked for mlx-lm 0.32.2). Other models (rotating or recurrent caches, other attention
+code) keep today's path, where each row holds its whole prompt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+
+from omlx_jobs.worker import attention as ragged
+
+MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+NEG_INF = float("-inf")
+LOG2E = 1.4426950408889634
+SCORE_BUDGET = 1 << 26
+"""Score-matrix elements per part (256 MB in float32): longer prefills are split into chunks of query positions."""
+
+COMPILE = os.environ.get("OMLX_JOBS_CASCADE_COMPILE", "1") != "0"
+"""Compile the mx-ops path on GPUs (Metal, CUDA); OMLX_JOBS_CASCADE_COMPILE=0 runs it op by op."""
+
+_state = threading.local()
+
+
+@dataclass(frozen=True)
+class Level:
+    """One shared prefix segment of one layer, and the batch rows that attend to it."""
+
+    keys: mx.array
+    """[1, kv_heads, P, D]"""
+    values: mx.array
+    rows: mx.array | None
+    """[r] int32, the batch rows that continue this segment, in order; None when every row does."""
+    slot: mx.array | None
+    """[B] int32, each batch row's index into `rows` (0 for the rows that do not continue it); None with rows."""
+    member: mx.array | None = None
+    """[B] bool, whether each batch row continues this segment; None with rows."""
+
+
+def attend(
+    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None = None
+) -> tuple[mx.array, mx.array]:
+    """softmax(q k^T * scale) v and its log-sum-exp, with mx ops.
+
+    q: [B, H, N, D]; k, v: [B, kv_heads, K, D] (H a multiple of kv_heads); mask: None or bool, broadcastable to
+    [B, 1, N, K] (True: attend). Returns o [B, H, N, D] in float32 and lse [B, H, N] (-inf for a query that
+    sees no key; its o is 0). The query heads of a kv head are folded together, so keys are not repeated.
+    """
+    b, h, n, d = q.shape
+    kv_heads = k.shape[1]
+    g = h // kv_heads
+    folded = q.reshape(b, kv_heads, g * n, d)  # row g * n + i: query head g of this kv head, position i
+    if mask is None:
+        o, lse = _cores()[0](folded, k, v, scale)
+    else:
+        while mask.ndim < 4:
+            mask = mask[None]
+        if g > 1:
+            mask = mx.tile(mask, (1, 1, g, 1))
+        o, lse = _cores()[1](folded, k, v, mask, scale)
+    return o.reshape(b, h, n, d), lse.reshape(b, h, n)
+
+
+def _core(q: mx.array, k: mx.array, v: mx.array, scale: float) -> tuple[mx.array, mx.array]:
+    return _softmax_v(q, k, v, None, scale)
+
+
+def _core_masked(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float) -> tuple[mx.array, mx.array]:
+    return _softmax_v(q, k, v, mask, scale)
+
+
+def _softmax_v(q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None, scale: float) -> tuple[mx.array, mx.array]:
+    """q: [B, kv_heads, M, D] against k, v: [B, kv_heads, K, D]; mask broadcastable to [B, kv_heads, M, K].
+
+    No reshapes, so it compiles shapeless. Scores are computed in q's dtype and exponentiated in float32, as
+    mlx's own unfused attention does; one exponential per score (the lse comes from the max and the sum).
+    """
+    scores = (q * scale) @ k.swapaxes(-1, -2)
+    if mask is not None:
+        scores = mx.where(mask, scores, NEG_INF)
+    m = scores.max(axis=-1, keepdims=True).astype(mx.float32)
+    m = mx.where(m == NEG_INF, 0.0, m)  # a query that sees no key: its weights are all 0
+    # The weights in v's dtype (what the matmul reads anyway): a bf16 model's score matrix is written and read as
+    # bf16, not float32, and the sum (accumulated in float32 by mlx) normalises exactly the weights used.
+    e = _exp(scores.astype(mx.float32) - m).astype(v.dtype)
+    total = e.sum(axis=-1, keepdims=True).astype(mx.float32)
+    o = (e @ v).astype(mx.float32) / mx.maximum(total, 1e-30)
+    return o, mx.squeeze(m + mx.log(total), -1)
+
+
+def _exp(x: mx.array) -> mx.array:
+    """e**x; on the CPU as 2**(x log2 e), which mlx 0.32.4 computes about 4x as fast as exp there."""
+    if mx.default_device() == mx.cpu:
+        return mx.power(2.0, x * LOG2E)
+    return mx.exp(x)
+
+
+_compiled = (mx.compile(_core, shapeless=True), mx.compile(_core_masked, shapeless=True))
+
+
+def _compiling() -> bool:
+    """Compile (fewer, fused kernels, one call) except on the CPU, where mlx compiles with the C++ compiler."""
+    return COMPILE and mx.default_device() != mx.cpu
+
+
+def _cores() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    return _compiled if _compiling() else (_core, _core_masked)
+
+
+def attend_level(q: mx.array, level: Level, scale: float) -> tuple[mx.array, mx.array]:
+    """Attention of the queries of `level`'s rows to its keys: one call, the rows folded into the query dimension.
+
+    q: [B, H, N, D] for the whole batch. Returns o [B, H, N, D] (float32) and lse [B, H, N] for the whole batch,
+    with lse -inf (and o 0) for the rows that do not continue this level.
+    """
+    b = q.shape[0]
+    if level.rows is not None:
+        q = mx.take(q, level.rows, axis=0)
+    r, h, n, d = q.shape
+    kv_heads = level.keys.shape[1]
+    gn = (h // kv_heads) * n
+    folded = q.reshape(r, kv_heads, gn, d).transpose(1, 0, 2, 3).reshape(1, kv_heads, r * gn, d)
+    o, lse = attend(folded, level.keys, level.values, scale)
+    o = o.reshape(kv_heads, r, gn, d).transpose(1, 0, 2, 3).reshape(r, h, n, d)
+    lse = lse.reshape(kv_heads, r, gn).transpose(1, 0, 2).reshape(r, h, n)
+    if level.slot is None:
+        return o, lse
+    assert b == level.slot.shape[0], "a level's slots cover the batch"
+    return _scatter_rows(o, lse, level.slot, level.member)
+
+
+def _scatter_rows(o: mx.array, lse: mx.array, slot: mx.array, member: mx.array) -> tuple[mx.array, mx.array]:
+    """A level's rows' (o, lse) in batch order; o 0 and lse -inf for the rows outside the level (shapeless)."""
+    o = mx.where(mx.expand_dims(member, (1, 2, 3)), mx.take(o, slot, axis=0), 0.0)
+    return o, mx.where(mx.expand_dims(member, (1, 2)), mx.take(lse, slot, axis=0), NEG_INF)
+
+
+def _merge2(o1: mx.array, lse1: mx.array, o2: mx.array, lse2: mx.array) -> tuple[mx.array, mx.array]:
+    m = mx.maximum(lse1, lse2)
+    m = mx.where(m == NEG_INF, 0.0, m)  # a query that sees nothing in either part
+    w1, w2 = mx.exp(lse1 - m), mx.exp(lse2 - m)
+    total = w1 + w2
+    o = (o1 * w1[..., None] + o2 * w2[..., None]) / mx.maximum(total, 1e-30)[..., None]
+    return o, m + mx.log(total)
+
+
+merge2 = mx.compile(_merge2, shapeless=True)
+
+
+def merge(parts: Sequence[tuple[mx.array, mx.array]]) -> tuple[mx.array, mx.array]:
+    """The exact merge of attention over disjoint key sets, from each part's (o, lse): attention over their union."""
+    fn = merge2 if _compiling() else _merge2
+    o, lse = parts[0]
+    for o2, lse2 in parts[1:]:
+        o, lse = fn(o, lse, o2, lse2)
+    return o, lse
+
+
+def attention(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    levels: Sequence[Level],
+    scale: float,
+    mask: mx.array | None,
+    start: mx.array | None = None,
+) -> mx.array:
+    """Attention of q to each row's prefix levels followed by its own keys k, v (masked by `mask`), in q's dtype.
+
+    q: [B, H, N, D]; k, v: [B, kv_heads, S, D], the rows' own suffixes (left-padded; `start` [B] int32 is each
+    row's first real key, used by the decode kernel). A decode step (N == 1) is one graph per level structure
+    (compiled on GPUs); inside `kernel_enabled()` its own suffixes are merged in the kernel. A prefill chunk is
+    mx ops, split into chunks of query positions when long.
+    """
+    b, h, n, _ = q.shape
+    if n == 1:
+        kernel = getattr(_state, "kernel", None)
+        if not (kernel is not None and levels and start is not None and ragged.supported(h, k.shape[1], q.shape[-1])):
+            kernel = None
+        step = _decode_step(k.shape[1], h // k.shape[1], scale, tuple(lv.rows is not None for lv in levels), kernel)
+        own = [] if kernel is not None else [k, v, mask if mask is not None else mx.array(True)]
+        flat = [x for lv in levels for x in (lv.keys, lv.values, lv.rows, lv.slot, lv.member) if x is not None]
+        o, lse = step(q, *own, *flat)
+        return o.astype(q.dtype) if kernel is None else kernel(q, k, v, start, o, lse, scale)
+    longest = max([k.shape[2], *(lv.keys.shape[2] for lv in levels)])
+    step_n = max(1, SCORE_BUDGET // max(1, b * h * longest))
+    outs = []
+    for i in range(0, n, step_n):
+        qi = q[:, :, i : i + step_n]
+        mi = mask if mask is None or mask.shape[-2] == 1 else mask[..., i : i + step_n, :]
+        parts = [attend(qi, k, v, scale, mi)] + [attend_level(qi, lv, scale) for lv in levels]
+        outs.append(merge(parts)[0])
+    out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
+    return out.astype(q.dtype)
+
+
+_decode_steps: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+
+def _decode_step(
+    kv_heads: int, g: int, scale: float, structure: tuple[bool, ...], kernel: Any
+) -> Callable[..., tuple[mx.array, mx.array]]:
+    """The decode step's attention for one level structure: one call (and, compiled, a few fused kernels)."""
+    compiled = _compiling()
+    key = (kv_heads, g, scale, structure, kernel is None, compiled)
+    fn = _decode_steps.get(key)
+    if fn is None:
+        if len(_decode_steps) >= 256:  # batches of ever new level structures: keep the memo bounded
+            _decode_steps.clear()
+        fn = _decode_graph(kv_heads, g, scale, structure, own=kernel is None)
+        fn = _decode_steps[key] = mx.compile(fn, shapeless=True) if compiled else fn
+    return fn
+
+
+def _decode_graph(
+    kv_heads: int, g: int, scale: float, structure: tuple[bool, ...], own: bool
+) -> Callable[..., tuple[mx.array, mx.array]]:
+    """decode(q, [k, v, mask], *levels) -> (o [B, H, 1, D] float32, lse [B, H, 1]): no reshape, so shapeless.
+
+    The G query heads of a kv head are its rows' queries ([B, kv_heads, G, D]); a level folds its rows into them
+    ([1, kv_heads, r * G, D]). `own`: also attend the own suffixes (else the kernel does, from o and lse).
+    """
+
+    def decode(q: mx.array, *arrays: mx.array) -> tuple[mx.array, mx.array]:
+        folded = mx.flatten(mx.unflatten(q, 1, (kv_heads, g)), 2, 3)
+        acc = _softmax_v(folded, *arrays[:3], scale) if own else None
+        i = 3 if own else 0
+        for has_rows in structure:
+            keys, values = arrays[i], arrays[i + 1]
+            qs = mx.take(folded, arrays[i + 2], axis=0) if has_rows else folded
+            rows_q = mx.expand_dims(mx.flatten(qs.transpose(1, 0, 2, 3), 1, 2), 0)
+            o, lse = _softmax_v(rows_q, keys, values, None, scale)
+            o = mx.unflatten(mx.squeeze(o, 0), 1, (-1, g)).transpose(1, 0, 2, 3)
+            lse = mx.unflatten(mx.squeeze(lse, 0), 1, (-1, g)).transpose(1, 0, 2)
+            if has_rows:
+                o, lse = _scatter_rows(o, lse, arrays[i + 3], arrays[i + 4])
+            i += 5 if has_rows else 2
+            acc = (o, lse) if acc is None else _merge2(*acc, o, lse)
+        assert acc is not None, "a decode step attends to something"
+        return mx.expand_dims(mx.flatten(acc[0], 1, 2), 2), mx.expand_dims(mx.flatten(acc[1], 1, 2), 2)
+
+    return decode
+
+
+@contextlib.contextmanager
+def kernel_enabled(kernel: Callable[..., mx.array] | None = None) -> Iterator[None]:
+    """Merge decode steps' suffixes in `kernel` (default: the CUDA kernel) while the block runs.
+
+    Outside it, and for prefill chunks, cascade attention is mx ops. Tests pass the kernel's mx-ops reference.
+    """
+    if kernel is None:
+        from omlx_jobs.worker import cascade_kernel
+
+        kernel = cascade_kernel.suffix_decode
+    previous = getattr(_state, "kernel", None)
+    _state.kernel = kernel
+    try:
+        yield
+    finally:
+        _state.kernel = previous
+
+
+def _installed(fn: Any, marker: str) -> bool:
+    while fn is not None:
+        if getattr(fn, marker, False):
+            return True
+        fn = getattr(fn, "__wrapped__", None)
+    return False
+
+
+def install(model: Any) -> bool:
+    """Route the model module's attention call to `attention` for cascade caches (once); False if not eligible.
+
+    Any other cache goes to the call that was there (mlx-lm's, or the ragged decode wrapper of attention.py), and
+    a cascade cache whose batch holds no level goes there too with its own suffix cache, as today's path.
+    """
+    if getattr(model, "model_type", None) not in MODEL_TYPES:
+        return False
+    module = sys.modules.get(type(model).__module__)
+    original = getattr(module, "scaled_dot_product_attention", None)
+    if module is None or original is None:
+        return False
+    if _installed(original, "_omlx_cascade"):
+        return True
+
+    def scaled_dot_product_attention(
+        queries: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        cache: Any,
+        scale: float,
+        mask: Any,
+        sinks: Any = None,
+    ) -> mx.array:
+        layout = getattr(cache, "cascade_layout", None)
+        if layout is None:
+            return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+        levels, own = layout()
+        if not levels:
+            return original(queries, keys, values, cache=own, scale=scale, mask=mask, sinks=sinks)
+        if sinks is not None:
+            raise NotImplementedError("cascade attention has no attention sinks; this model must keep KVCache")
+        return attention(queries, keys, values, levels, scale, mask, own.left_padding)
+
+    scaled_dot_product_attention._omlx_cascade = True  # type: ignore[attr-defined]
+    scaled_dot_product_attention.__wrapped__ = original  # type: ignore[attr-defined]
+    module.scaled_dot_product_attention = scaled_dot_product_attention
+    return True
+
+
+def eligible(model: Any) -> bool:
+    """True if the model's attention can be routed and every layer cache is a plain KVCache (no sliding windows)."""
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+    if getattr(model, "model_type", None) not in MODEL_TYPES:
+        return False
+    return all(type(c) is KVCache for c in make_prompt_cache(model))
