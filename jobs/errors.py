@@ -31,6 +31,13 @@ INPUT_ERROR_CODES = frozenset(
         "unsupported_content",
         "duplicate_custom_id",
         "empty_file",
+        # image_url parts (jobs/images.py)
+        "invalid_image_url",
+        "invalid_image",
+        "image_too_large",
+        "image_not_found",
+        "image_path_not_allowed",
+        "remote_images_disabled",
     }
 )
 

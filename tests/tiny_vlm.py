@@ -1,0 +1,199 @@
+"""Build a tiny random-weight Qwen2-VL model (mlx-vlm's `qwen2_vl`) with a locally trained BPE tokenizer.
+
+Why qwen2_vl: its image processor is mlx-vlm's own numpy port (no torch, no transformers image classes), its
+processor needs only small JSON files, and its vision tower is a handful of plain layers. It also has mRoPE
+(3-D positions on the model), which is exactly where batched decoding goes wrong, so one fixture covers the
+hard case. Both `mlx_vlm.load` and mlx-lm's text-only `qwen2_vl` model accept the directory.
+
+Random weights produce junk text, so tests compare token ids between code paths. No network, no torch; it
+builds in well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# Qwen2-VL's chat template, shortened: image parts become <|vision_start|><|image_pad|><|vision_end|>, which
+# the processor expands to one <|image_pad|> per image token.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' or 'image' in part or 'image_url' in part %}"
+    "{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+
+PATCH = 14
+MERGE = 2
+# Image sizes are snapped to multiples of 28 and kept between these pixel counts: 4 to 16 image tokens.
+MIN_PIXELS = 56 * 56
+MAX_PIXELS = 112 * 112
+
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "You are a helpful assistant. Answer briefly and clearly.",
+    "Describe this image. What color is the square? How many objects are there?",
+    "Read the text in the picture and extract the names, dates and places.",
+    "user assistant system question answer number letter word picture photo",
+    "0123456789 + - * / = ( ) [ ] { } , . ; : ! ? ' \" # @",
+]
+
+
+def build_tiny_vlm(
+    path: Path | str,
+    *,
+    vocab_size: int = 384,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    vision_dim: int = 32,
+    vision_depth: int = 2,
+    context_length: int = 1024,
+    seed: int = 0,
+) -> Path:
+    """Write config, weights, tokenizer and processor files of a tiny qwen2_vl model into `path`; return it."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm.models import qwen2_vl
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    ids = _write_tokenizer(path, vocab_size, context_length)
+
+    head_dim = hidden_size // 4
+    config = {
+        "model_type": "qwen2_vl",
+        "architectures": ["Qwen2VLForConditionalGeneration"],
+        "hidden_size": hidden_size,
+        "num_hidden_layers": num_layers,
+        "intermediate_size": hidden_size * 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": ids["vocab"],
+        "max_position_embeddings": context_length,
+        "rope_theta": 10000.0,
+        # mRoPE: the rotary frequencies split into (temporal, height, width) sections; they sum to head_dim / 2.
+        "rope_scaling": {"type": "mrope", "mrope_section": _sections(head_dim // 2)},
+        "tie_word_embeddings": False,
+        "eos_token_id": ids["<|im_end|>"],
+        "bos_token_id": None,
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+        "torch_dtype": "float32",
+        "vision_config": {
+            "model_type": "qwen2_vl",
+            "depth": vision_depth,
+            "embed_dim": vision_dim,
+            "hidden_size": hidden_size,
+            "num_heads": 2,
+            "mlp_ratio": 2,
+            "patch_size": PATCH,
+            "spatial_patch_size": PATCH,
+            "spatial_merge_size": MERGE,
+            "temporal_patch_size": 2,
+            "in_channels": 3,
+        },
+    }
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    _write_processor_files(path)
+
+    mx.random.seed(seed)
+    model_config = qwen2_vl.ModelConfig.from_dict(dict(config))
+    model_config.text_config = qwen2_vl.TextConfig.from_dict(config)
+    model_config.vision_config = qwen2_vl.VisionConfig.from_dict(config["vision_config"])
+    model = qwen2_vl.Model(model_config)
+    lm = model.language_model
+    # Logits with a std of about 2 (greedy picks depend on the context); image features on the embeddings' scale.
+    lm.model.embed_tokens.weight = mx.random.normal(lm.model.embed_tokens.weight.shape)
+    lm.lm_head.weight = mx.random.normal(lm.lm_head.weight.shape) * (2.0 / hidden_size**0.5)
+    for layer in lm.model.layers:  # sharper attention: outputs depend on which image and text came before
+        attn = layer.self_attn
+        attn.q_proj.weight = attn.q_proj.weight * 3.0
+        attn.k_proj.weight = attn.k_proj.weight * 3.0
+    last = model.vision_tower.merger.mlp[-1]
+    last.weight = mx.random.normal(last.weight.shape) * (4.0 / last.weight.shape[1] ** 0.5)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    return path
+
+
+def _sections(half: int) -> list[int]:
+    t = half // 4
+    h = (half - t) // 2
+    return [t, h, half - t - h]
+
+
+def _write_tokenizer(path: Path, vocab_size: int, context_length: int) -> dict[str, int]:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": None,
+                "eos_token": "<|im_end|>",
+                "pad_token": "<|endoftext|>",
+                "unk_token": None,
+                "model_max_length": context_length,
+                "chat_template": CHAT_TEMPLATE,
+                "add_prefix_space": False,
+                "extra_special_tokens": {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>"},
+            }
+        )
+    )
+    (path / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
+    (path / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
+    ids = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
+    ids["vocab"] = tokenizer.get_vocab_size()
+    return ids
+
+
+def _write_processor_files(path: Path) -> None:
+    # Every file the processor looks for exists locally, so nothing falls back to the Hub.
+    image = {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "patch_size": PATCH,
+        "temporal_patch_size": 2,
+        "merge_size": MERGE,
+        "min_pixels": MIN_PIXELS,
+        "max_pixels": MAX_PIXELS,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+    }
+    (path / "preprocessor_config.json").write_text(json.dumps(image, indent=1))
+    (path / "video_preprocessor_config.json").write_text(json.dumps(image, indent=1))
+    (path / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2VLProcessor"}))
