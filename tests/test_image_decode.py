@@ -176,7 +176,7 @@ class _Server:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 status, headers, body, delay = server.routes.get(self.path, (404, {}, b"", 0.0))
                 time.sleep(delay)
                 self.send_response(status)

@@ -81,7 +81,7 @@ def check_accepts_images(messages: list[dict[str, Any]], model_is_vision: bool, 
         )
 
 
-def load_image(url: str, access: ImageAccess, limits: ImageLimits = ImageLimits()) -> DecodedImage:  # noqa: B008
+def load_image(url: str, access: ImageAccess, limits: ImageLimits = ImageLimits()) -> DecodedImage:
     """Fetch and decode one image_url, checked again against this worker's `access`."""
     return decode(fetch(url, access), limits, what=_what(url))
 
@@ -99,7 +99,7 @@ def fetch(url: str, access: ImageAccess) -> bytes:
         raise ImageError(exc.code, exc.message) from None
 
 
-def decode(data: bytes, limits: ImageLimits = ImageLimits(), *, what: str = "the image") -> DecodedImage:  # noqa: B008
+def decode(data: bytes, limits: ImageLimits = ImageLimits(), *, what: str = "the image") -> DecodedImage:
     """Decode PNG, JPEG, WebP or GIF (the first frame) to RGB, within the pixel limit, EXIF orientation applied."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
