@@ -66,6 +66,7 @@ def build_tiny_vlm(
     vision_depth: int = 2,
     context_length: int = 1024,
     seed: int = 0,
+    attention_scale: float = 6.0,
 ) -> Path:
     """Write config, weights, tokenizer and processor files of a tiny qwen2_vl model into `path`; return it."""
     import mlx.core as mx
@@ -127,8 +128,8 @@ def build_tiny_vlm(
     lm.lm_head.weight = mx.random.normal(lm.lm_head.weight.shape) * (2.0 / hidden_size**0.5)
     for layer in lm.model.layers:  # sharper attention: outputs depend on which image and text came before
         attn = layer.self_attn
-        attn.q_proj.weight = attn.q_proj.weight * 3.0
-        attn.k_proj.weight = attn.k_proj.weight * 3.0
+        attn.q_proj.weight = attn.q_proj.weight * attention_scale
+        attn.k_proj.weight = attn.k_proj.weight * attention_scale
     last = model.vision_tower.merger.mlp[-1]
     last.weight = mx.random.normal(last.weight.shape) * (4.0 / last.weight.shape[1] ** 0.5)
     weights = dict(tree_flatten(model.parameters()))
