@@ -263,3 +263,31 @@ def test_every_worker_code_is_listed() -> None:
     assert {"truncated_image", "image_too_many_pixels", "image_unreachable", "images_not_supported"} <= (
         images.IMAGE_ERROR_CODES
     )
+
+
+# ---- end to end: one image request to a text-only model fails alone -------------------------------
+
+
+def test_run_image_request_on_a_text_model_fails_alone(tmp_path: Path, tiny_model_dir: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from omlx_jobs.cli import cli
+
+    (tmp_path / "pics").mkdir()
+    (tmp_path / "pics" / "a.png").write_bytes(encoded(gradient()))
+    img_part = {"type": "image_url", "image_url": {"url": str(tmp_path / "pics" / "a.png")}}
+    lines = [
+        {"custom_id": "text", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 3},
+        {"custom_id": "image", "messages": [{"role": "user", "content": [img_part, {"type": "text", "text": "?"}]}]},
+    ]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    env = {"OMLX_JOBS_DB": str(tmp_path / "jobs.db"), "OMLX_JOBS_REDIS_URL": "redis://127.0.0.1:1/0"}
+    args = ["run", str(tmp_path / "in.jsonl"), "-m", str(tiny_model_dir), "-o", str(tmp_path / "out.jsonl")]
+    result = CliRunner().invoke(cli, [*args, "--allow-files-from", str(tmp_path / "pics")], env=env)
+    assert result.exit_code == 0, result.stderr
+    out = {x["custom_id"]: x for x in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
+    assert out["text"]["response"]["status_code"] == 200
+    error = out["image"]["response"]["body"]["error"]
+    assert error["code"] == "images_not_supported" and "text-only" in error["message"]
