@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 # Qwen2-VL's chat template, shortened: image parts become <|vision_start|><|image_pad|><|vision_end|>, which
 # the processor expands to one <|image_pad|> per image token.
@@ -56,36 +57,76 @@ _CORPUS = [
 ]
 
 
+TINY_SHAPE: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vision_dim": 32,
+    "vision_depth": 2,
+    "vision_heads": 2,
+    "vision_mlp_ratio": 2,
+}
+
+
 def build_tiny_vlm(
     path: Path | str,
     *,
     vocab_size: int = 384,
-    hidden_size: int = 64,
-    num_layers: int = 2,
-    vision_dim: int = 32,
-    vision_depth: int = 2,
     context_length: int = 1024,
     seed: int = 0,
     attention_scale: float = 6.0,
+    shape: dict[str, Any] | None = None,
+    min_pixels: int = MIN_PIXELS,
+    max_pixels: int = MAX_PIXELS,
 ) -> Path:
     """Write config, weights, tokenizer and processor files of a tiny qwen2_vl model into `path`; return it."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_vlm.models import qwen2_vl
 
+    config = write_vlm_files(
+        path,
+        vocab_size=vocab_size,
+        context_length=context_length,
+        shape=shape,
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+    )
+    model = random_vlm(config, seed=seed, attention_scale=attention_scale)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(Path(path) / "model.safetensors"), weights, metadata={"format": "mlx"})
+    return Path(path)
+
+
+def write_vlm_files(
+    path: Path | str,
+    *,
+    vocab_size: int = 384,
+    model_vocab: int | None = None,
+    context_length: int = 1024,
+    shape: dict[str, Any] | None = None,
+    min_pixels: int = MIN_PIXELS,
+    max_pixels: int = MAX_PIXELS,
+) -> dict[str, Any]:
+    """Write config.json, tokenizer and processor files (no weights); return the config.
+
+    `model_vocab` pads the tokenizer's vocabulary with unreachable tokens up to a real model's size, so the
+    model may emit any id and every id still decodes.
+    """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    ids = _write_tokenizer(path, vocab_size, context_length)
-
-    head_dim = hidden_size // 4
+    ids = _write_tokenizer(path, vocab_size, context_length, model_vocab)
+    s = {**TINY_SHAPE, **(shape or {})}
+    head_dim = s["hidden_size"] // s["num_attention_heads"]
     config = {
         "model_type": "qwen2_vl",
         "architectures": ["Qwen2VLForConditionalGeneration"],
-        "hidden_size": hidden_size,
-        "num_hidden_layers": num_layers,
-        "intermediate_size": hidden_size * 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
+        "hidden_size": s["hidden_size"],
+        "num_hidden_layers": s["num_hidden_layers"],
+        "intermediate_size": s["intermediate_size"],
+        "num_attention_heads": s["num_attention_heads"],
+        "num_key_value_heads": s["num_key_value_heads"],
         "rms_norm_eps": 1e-6,
         "vocab_size": ids["vocab"],
         "max_position_embeddings": context_length,
@@ -102,11 +143,11 @@ def build_tiny_vlm(
         "torch_dtype": "float32",
         "vision_config": {
             "model_type": "qwen2_vl",
-            "depth": vision_depth,
-            "embed_dim": vision_dim,
-            "hidden_size": hidden_size,
-            "num_heads": 2,
-            "mlp_ratio": 2,
+            "depth": s["vision_depth"],
+            "embed_dim": s["vision_dim"],
+            "hidden_size": s["hidden_size"],
+            "num_heads": s["vision_heads"],
+            "mlp_ratio": s["vision_mlp_ratio"],
             "patch_size": PATCH,
             "spatial_patch_size": PATCH,
             "spatial_merge_size": MERGE,
@@ -115,7 +156,14 @@ def build_tiny_vlm(
         },
     }
     (path / "config.json").write_text(json.dumps(config, indent=1))
-    _write_processor_files(path)
+    _write_processor_files(path, min_pixels, max_pixels)
+    return config
+
+
+def random_vlm(config: dict[str, Any], *, seed: int = 0, attention_scale: float = 6.0, dtype: str | None = None) -> Any:
+    """An mlx-vlm qwen2_vl Model with random weights for `config`, in memory."""
+    import mlx.core as mx
+    from mlx_vlm.models import qwen2_vl
 
     mx.random.seed(seed)
     model_config = qwen2_vl.ModelConfig.from_dict(dict(config))
@@ -123,18 +171,23 @@ def build_tiny_vlm(
     model_config.vision_config = qwen2_vl.VisionConfig.from_dict(config["vision_config"])
     model = qwen2_vl.Model(model_config)
     lm = model.language_model
+    hidden = config["hidden_size"]
     # Logits with a std of about 2 (greedy picks depend on the context); image features on the embeddings' scale.
     lm.model.embed_tokens.weight = mx.random.normal(lm.model.embed_tokens.weight.shape)
-    lm.lm_head.weight = mx.random.normal(lm.lm_head.weight.shape) * (2.0 / hidden_size**0.5)
+    lm.lm_head.weight = mx.random.normal(lm.lm_head.weight.shape) * (2.0 / hidden**0.5)
     for layer in lm.model.layers:  # sharper attention: outputs depend on which image and text came before
         attn = layer.self_attn
         attn.q_proj.weight = attn.q_proj.weight * attention_scale
         attn.k_proj.weight = attn.k_proj.weight * attention_scale
     last = model.vision_tower.merger.mlp[-1]
     last.weight = mx.random.normal(last.weight.shape) * (4.0 / last.weight.shape[1] ** 0.5)
-    weights = dict(tree_flatten(model.parameters()))
-    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
-    return path
+    if dtype is not None:
+        from mlx.utils import tree_map
+
+        model.update(tree_map(lambda a: a.astype(getattr(mx, dtype)), model.parameters()))
+    mx.eval(model.parameters())
+    model.eval()
+    return model
 
 
 def _sections(half: int) -> list[int]:
@@ -143,7 +196,7 @@ def _sections(half: int) -> list[int]:
     return [t, h, half - t - h]
 
 
-def _write_tokenizer(path: Path, vocab_size: int, context_length: int) -> dict[str, int]:
+def _write_tokenizer(path: Path, vocab_size: int, context_length: int, model_vocab: int | None) -> dict[str, int]:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -157,6 +210,11 @@ def _write_tokenizer(path: Path, vocab_size: int, context_length: int) -> dict[s
     )
     tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
     tokenizer.save(str(path / "tokenizer.json"))
+    real = tokenizer.get_vocab_size()
+    if model_vocab and model_vocab > real:
+        data = json.loads((path / "tokenizer.json").read_text())
+        data["model"]["vocab"].update({f"pad{i}": i for i in range(real, model_vocab)})
+        (path / "tokenizer.json").write_text(json.dumps(data))
     (path / "tokenizer_config.json").write_text(
         json.dumps(
             {
@@ -175,19 +233,19 @@ def _write_tokenizer(path: Path, vocab_size: int, context_length: int) -> dict[s
     (path / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
     (path / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
     ids = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
-    ids["vocab"] = tokenizer.get_vocab_size()
+    ids["vocab"] = max(real, model_vocab or 0)
     return ids
 
 
-def _write_processor_files(path: Path) -> None:
+def _write_processor_files(path: Path, min_pixels: int, max_pixels: int) -> None:
     # Every file the processor looks for exists locally, so nothing falls back to the Hub.
     image = {
         "image_processor_type": "Qwen2VLImageProcessor",
         "patch_size": PATCH,
         "temporal_patch_size": 2,
         "merge_size": MERGE,
-        "min_pixels": MIN_PIXELS,
-        "max_pixels": MAX_PIXELS,
+        "min_pixels": min_pixels,
+        "max_pixels": max_pixels,
         "image_mean": [0.48145466, 0.4578275, 0.40821073],
         "image_std": [0.26862954, 0.26130258, 0.27577711],
         "do_rescale": True,

@@ -110,6 +110,18 @@ class VisionModel:
         config = json.loads((path / "config.json").read_text())
         return cls(path, model, processor, config)
 
+    @classmethod
+    def with_weights(cls, path: str | Path, model: Any) -> VisionModel:
+        """A model built in memory (random weights for benchmarks) with the processor files in `path`."""
+        import json
+
+        path = Path(path)
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from mlx_vlm.utils import load_processor
+
+        config = json.loads((path / "config.json").read_text())
+        return cls(path, model, load_processor(path, eos_token_ids=config.get("eos_token_id")), config)
+
     @property
     def mrope(self) -> bool:
         return self.model_type in MROPE
