@@ -200,21 +200,35 @@ def _text(vm: Any, messages: list[dict[str, Any]]) -> str:
     return vm.processor.apply_chat_template(_template_messages(messages)[0], add_generation_prompt=True, tokenize=False)
 
 
-def _no_eos(vm: Any) -> None:
-    crit = vm.processor.tokenizer.stopping_criteria
-    crit.eos_token_ids = []
-    crit.additional_eos_token_ids = []
+def _no_eos(vm: Any) -> Any:
+    """Stopping criteria with no EOS, installed on the tokenizer (generate resets it unless given one)."""
+    from mlx_vlm.utils import StoppingCriteria
+
+    class Never(StoppingCriteria):
+        def __call__(self, token: Any) -> bool:
+            return False
+
+    tok = vm.processor.tokenizer
+    tok.stopping_criteria = Never([], tok)
+    return tok.stopping_criteria
 
 
 def run_mlx_vlm_loop(vm: Any, job: Job) -> Outcome:
     from mlx_vlm import generate
 
-    _no_eos(vm)
+    never = _no_eos(vm)
     started = time.perf_counter()
     tokens = []
     for messages, im in zip(job.messages, job.images, strict=True):
+        text = _text(vm, messages)
         r = generate(
-            vm.model, vm.processor, _text(vm, messages), image=[im.pixels], max_tokens=job.max_tokens, verbose=False
+            vm.model,
+            vm.processor,
+            text,
+            image=[im.pixels],
+            max_tokens=job.max_tokens,
+            verbose=False,
+            stopping_criteria=never,
         )
         tokens.append(list(r.token_ids))
     return Outcome(time.perf_counter() - started, tokens, encoder_calls=len(job.messages))

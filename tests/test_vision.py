@@ -1,5 +1,6 @@
-"""Vision pieces on a tiny random Qwen2-VL (mRoPE): prompts, features and their cache, embeddings prefill, and
-decoding in mlx-lm's BatchGenerator, checked token for token against single-request mlx-vlm generation."""
+"""Vision pieces on tiny random Qwen2-VL and Qwen2.5-VL models (mRoPE): prompts, features and their cache,
+embeddings prefill, and decoding in mlx-lm's BatchGenerator, checked token for token against single-request
+mlx-vlm generation."""
 
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ from tests.tiny_vlm import build_tiny_vlm  # noqa: E402
 N_TOKENS = 8
 
 
-@pytest.fixture(scope="module")
-def vlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+def vlm_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_vlm(tmp_path_factory.mktemp(request.param), model_type=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +63,16 @@ def user(text: str, n_images: int = 1, before: bool = True) -> list[dict[str, An
 
 def reference(vm: VisionModel, messages: list[dict[str, Any]], pics: list[images.DecodedImage]) -> list[int]:
     """Single-request greedy generation by mlx-vlm itself, from the same prompt text and the same pixels."""
-    from mlx_vlm import generate
 
     from omlx_jobs.worker.vision import _template_messages
 
     msgs, _ = _template_messages(messages)
-    text = vm.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    return generate_text(vm, vm.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False), pics)
+
+
+def generate_text(vm: VisionModel, text: str, pics: list[images.DecodedImage]) -> list[int]:
+    from mlx_vlm import generate
+
     result = generate(
         vm.model,
         vm.processor,
@@ -108,10 +113,11 @@ def batched(vm: VisionModel, rows: list[tuple[list[dict[str, Any]], list[images.
 
 
 def test_recognises_a_vision_config(vlm_dir: Path, tiny_model_dir: Path) -> None:
-    assert vision_model_type(json.loads((vlm_dir / "config.json").read_text())) == "qwen2_vl"
+    config = json.loads((vlm_dir / "config.json").read_text())
+    assert vision_model_type(config) == config["model_type"] in ("qwen2_vl", "qwen2_5_vl")
     assert vision_model_type(json.loads((tiny_model_dir / "config.json").read_text())) is None
     assert vision_model_type({"model_type": "no_such_vlm", "vision_config": {}}) is None
-    assert is_batched("qwen2_vl") and not is_batched("llava")
+    assert is_batched(config["model_type"]) and not is_batched("llava")
 
 
 def test_decode_model_shares_the_weights(vm: VisionModel) -> None:
@@ -300,12 +306,11 @@ def test_mlx_vlm_batch_generator_positions_match_single_requests(vm: VisionModel
     ar = importlib.import_module("mlx_vlm.generate.ar")
     questions = ["Describe this image.", "What color is the square? Answer in one word, briefly.", "How many?"]
     pics = [picture(100, 70, 0), picture(60, 60, 1), picture(120, 112, 2)]
-    # mlx-vlm's apply_chat_template puts the image after the text
-    expected = [reference(vm, user(q, before=False), [p]) for q, p in zip(questions, pics, strict=True)]
+    texts = [apply_chat_template(vm.processor, vm.model.config, q, num_images=1) for q in questions]
+    expected = [generate_text(vm, text, [p]) for text, p in zip(texts, pics, strict=True)]
     gen = ar.BatchGenerator(vm.model.language_model, vm.processor, prefill_batch_size=8, completion_batch_size=8)
     uids = []
-    for q, p in zip(questions, pics, strict=True):
-        text = apply_chat_template(vm.processor, vm.model.config, q, num_images=1)
+    for text, p in zip(texts, pics, strict=True):
         inp = vm.processor(text=[text], images=[p.pixels], return_tensors="mlx")
         emb = vm.model.get_input_embeddings(inp["input_ids"], inp["pixel_values"], image_grid_thw=inp["image_grid_thw"])
         kw = {"image_grid_thw": inp["image_grid_thw"], **{k: v for k, v in emb.to_dict().items() if v is not None}}

@@ -80,8 +80,9 @@ def build_tiny_vlm(
     shape: dict[str, Any] | None = None,
     min_pixels: int = MIN_PIXELS,
     max_pixels: int = MAX_PIXELS,
+    model_type: str = "qwen2_vl",
 ) -> Path:
-    """Write config, weights, tokenizer and processor files of a tiny qwen2_vl model into `path`; return it."""
+    """Write config, weights, tokenizer and processor files of a tiny qwen2_vl (or qwen2_5_vl) model; return it."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
@@ -92,6 +93,7 @@ def build_tiny_vlm(
         shape=shape,
         min_pixels=min_pixels,
         max_pixels=max_pixels,
+        model_type=model_type,
     )
     model = random_vlm(config, seed=seed, attention_scale=attention_scale)
     weights = dict(tree_flatten(model.parameters()))
@@ -108,8 +110,11 @@ def write_vlm_files(
     shape: dict[str, Any] | None = None,
     min_pixels: int = MIN_PIXELS,
     max_pixels: int = MAX_PIXELS,
+    model_type: str = "qwen2_vl",
 ) -> dict[str, Any]:
     """Write config.json, tokenizer and processor files (no weights); return the config.
+
+    `model_type` is qwen2_vl or qwen2_5_vl (the same language model; 2.5's vision tower has windowed attention).
 
     `model_vocab` pads the tokenizer's vocabulary with unreachable tokens up to a real model's size, so the
     model may emit any id and every id still decodes.
@@ -120,8 +125,8 @@ def write_vlm_files(
     s = {**TINY_SHAPE, **(shape or {})}
     head_dim = s["hidden_size"] // s["num_attention_heads"]
     config = {
-        "model_type": "qwen2_vl",
-        "architectures": ["Qwen2VLForConditionalGeneration"],
+        "model_type": model_type,
+        "architectures": [ARCHITECTURES[model_type]],
         "hidden_size": s["hidden_size"],
         "num_hidden_layers": s["num_hidden_layers"],
         "intermediate_size": s["intermediate_size"],
@@ -141,35 +146,58 @@ def write_vlm_files(
         "vision_start_token_id": ids["<|vision_start|>"],
         "vision_end_token_id": ids["<|vision_end|>"],
         "torch_dtype": "float32",
-        "vision_config": {
-            "model_type": "qwen2_vl",
-            "depth": s["vision_depth"],
-            "embed_dim": s["vision_dim"],
-            "hidden_size": s["hidden_size"],
-            "num_heads": s["vision_heads"],
-            "mlp_ratio": s["vision_mlp_ratio"],
-            "patch_size": PATCH,
-            "spatial_patch_size": PATCH,
-            "spatial_merge_size": MERGE,
-            "temporal_patch_size": 2,
-            "in_channels": 3,
-        },
+        "vision_config": _vision_config(model_type, s),
     }
     (path / "config.json").write_text(json.dumps(config, indent=1))
-    _write_processor_files(path, min_pixels, max_pixels)
+    _write_processor_files(path, min_pixels, max_pixels, PROCESSORS[model_type])
     return config
 
 
-def random_vlm(config: dict[str, Any], *, seed: int = 0, attention_scale: float = 6.0, dtype: str | None = None) -> Any:
-    """An mlx-vlm qwen2_vl Model with random weights for `config`, in memory."""
-    import mlx.core as mx
-    from mlx_vlm.models import qwen2_vl
+ARCHITECTURES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
+PROCESSORS = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}
 
+
+def _vision_config(model_type: str, s: dict[str, Any]) -> dict[str, Any]:
+    common = {
+        "model_type": model_type,
+        "depth": s["vision_depth"],
+        "num_heads": s["vision_heads"],
+        "patch_size": PATCH,
+        "spatial_patch_size": PATCH,
+        "spatial_merge_size": MERGE,
+        "temporal_patch_size": 2,
+        "in_channels": 3,
+    }
+    if model_type == "qwen2_vl":
+        return {
+            **common,
+            "embed_dim": s["vision_dim"],
+            "hidden_size": s["hidden_size"],
+            "mlp_ratio": s["vision_mlp_ratio"],
+        }
+    return {  # qwen2_5_vl: windows of 2 x 2 merged patches, the last block attends fully
+        **common,
+        "hidden_size": s["vision_dim"],
+        "intermediate_size": s["vision_dim"] * s["vision_mlp_ratio"],
+        "out_hidden_size": s["hidden_size"],
+        "window_size": PATCH * MERGE * 2,
+        "fullatt_block_indexes": [s["vision_depth"] - 1],
+        "tokens_per_second": 2,
+    }
+
+
+def random_vlm(config: dict[str, Any], *, seed: int = 0, attention_scale: float = 6.0, dtype: str | None = None) -> Any:
+    """An mlx-vlm Model (qwen2_vl or qwen2_5_vl) with random weights for `config`, in memory."""
+    import importlib
+
+    import mlx.core as mx
+
+    family = importlib.import_module(f"mlx_vlm.models.{config['model_type']}")
     mx.random.seed(seed)
-    model_config = qwen2_vl.ModelConfig.from_dict(dict(config))
-    model_config.text_config = qwen2_vl.TextConfig.from_dict(config)
-    model_config.vision_config = qwen2_vl.VisionConfig.from_dict(config["vision_config"])
-    model = qwen2_vl.Model(model_config)
+    model_config = family.ModelConfig.from_dict(dict(config))
+    model_config.text_config = family.TextConfig.from_dict(config)
+    model_config.vision_config = family.VisionConfig.from_dict(config["vision_config"])
+    model = family.Model(model_config)
     lm = model.language_model
     hidden = config["hidden_size"]
     # Logits with a std of about 2 (greedy picks depend on the context); image features on the embeddings' scale.
@@ -237,7 +265,7 @@ def _write_tokenizer(path: Path, vocab_size: int, context_length: int, model_voc
     return ids
 
 
-def _write_processor_files(path: Path, min_pixels: int, max_pixels: int) -> None:
+def _write_processor_files(path: Path, min_pixels: int, max_pixels: int, processor: str) -> None:
     # Every file the processor looks for exists locally, so nothing falls back to the Hub.
     image = {
         "image_processor_type": "Qwen2VLImageProcessor",
@@ -255,4 +283,4 @@ def _write_processor_files(path: Path, min_pixels: int, max_pixels: int) -> None
     }
     (path / "preprocessor_config.json").write_text(json.dumps(image, indent=1))
     (path / "video_preprocessor_config.json").write_text(json.dumps(image, indent=1))
-    (path / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2VLProcessor"}))
+    (path / "processor_config.json").write_text(json.dumps({"processor_class": processor}))
