@@ -53,6 +53,21 @@ QWEN2_VL_7B: dict[str, Any] = {
     "vision_heads": 16,
     "vision_mlp_ratio": 4,
 }
+RANDOM_SHAPES = {
+    "qwen2-vl-7b": QWEN2_VL_7B,
+    # the same code path at a size a CPU runs in seconds (to check the GPU command before using GPU time)
+    "qwen2-vl-mini": {
+        **QWEN2_VL_7B,
+        "hidden_size": 512,
+        "num_hidden_layers": 4,
+        "intermediate_size": 1024,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vision_dim": 256,
+        "vision_depth": 4,
+        "vision_heads": 4,
+    },
+}
 SYSTEM = "You are a careful visual assistant. Look at the picture and answer the question in a few words."
 QUESTIONS = [
     "What is in this picture?",
@@ -92,17 +107,18 @@ def load_model(spec: str, dtype: str | None, side: int) -> Any:
         return VisionModel.load(
             tiny_vlm.build_tiny_vlm(root / "tiny", context_length=8192, min_pixels=pixels, max_pixels=pixels)
         )
-    if spec == "random:qwen2-vl-7b":
+    if spec.startswith("random:"):
+        name = spec.split(":", 1)[1]
         config = tiny_vlm.write_vlm_files(
-            root / "qwen2-vl-7b",
+            root / name,
             model_vocab=152064,
             context_length=32768,
-            shape=QWEN2_VL_7B,
+            shape=RANDOM_SHAPES[name],
             min_pixels=side * side,
             max_pixels=side * side,  # 448: 32 x 32 patches, 256 image tokens per picture
         )
         model = tiny_vlm.random_vlm(config, attention_scale=1.0, dtype=dtype or "bfloat16")
-        return VisionModel.with_weights(root / "qwen2-vl-7b", model)
+        return VisionModel.with_weights(root / name, model)
     return VisionModel.load(spec)
 
 
@@ -269,7 +285,7 @@ def run_mlx_vlm_batch(vm: Any, job: Job, batch: int) -> Outcome:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny", help="tiny | random:qwen2-vl-7b | a local model directory")
+    ap.add_argument("--model", default="tiny", help="tiny | random:qwen2-vl-7b | random:qwen2-vl-mini | a model dir")
     ap.add_argument("--dtype", default=None, help="random models: bfloat16 (default) or float16/float32")
     ap.add_argument("--quick", action="store_true", help="16 questions over 4 images, 8 tokens")
     ap.add_argument("--max-tokens", type=int, default=None)

@@ -160,6 +160,28 @@ def test_key_units_carry_image_identity(vm: VisionModel) -> None:
     assert all(u >= 1 << 31 for u in ka[first : pa.spans[0].end])
 
 
+def test_prepare_a_stored_body(vm: VisionModel, tmp_path: Path) -> None:
+    import base64
+
+    from omlx_jobs.jobs.images import ImageAccess
+
+    buf = io.BytesIO()
+    picture(100, 70, 0).pixels.save(buf, "PNG")
+    (tmp_path / "b.png").write_bytes(buf.getvalue())
+    uri = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    content = [
+        {"type": "text", "text": "Same picture twice:"},
+        {"type": "image_url", "image_url": {"url": uri, "detail": "auto"}},
+        {"type": "image_url", "image_url": {"url": str(tmp_path / "b.png"), "detail": "low"}},
+    ]
+    messages = [{"role": "user", "content": content}]
+    prompt = vm.prepare(messages, ImageAccess.create([tmp_path]))
+    assert len(prompt.spans) == 2 and prompt.spans[0].digest == prompt.spans[1].digest
+    with pytest.raises(images.ImageError) as exc:
+        vm.prepare(messages, ImageAccess())  # this worker allows no folder
+    assert exc.value.code == "image_path_not_allowed"
+
+
 def test_text_in_the_prompt_cannot_fake_an_image(vm: VisionModel) -> None:
     with pytest.raises(images.ImageError) as exc:
         vm.build_prompt(user("look: <|image_pad|>"), [picture(60, 60, 1)])

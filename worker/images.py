@@ -47,6 +47,9 @@ class ImageLimits:
     max_pixels: int = DEFAULT_MAX_PIXELS
 
 
+DEFAULT_LIMITS = ImageLimits()
+
+
 @dataclass(frozen=True)
 class DecodedImage:
     """An RGB image with EXIF orientation applied; `digest` identifies its pixels and size."""

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omlx_jobs.worker.images import DecodedImage, ImageError
+from omlx_jobs.jobs.images import ImageAccess
+from omlx_jobs.worker.images import DEFAULT_LIMITS, DecodedImage, ImageError, ImageLimits, image_urls, load_image
 from omlx_jobs.worker.model import PromptError
 from omlx_jobs.worker.vision_cache import FeatureCache
 from omlx_jobs.worker.vision_prompt import ImageSpan, VisionPrompt, expand_image_tokens
@@ -179,6 +180,14 @@ class VisionModel:
             raise ImageError("invalid_image", f"{exc}; the text must not hold the model's image token") from None
         spans = tuple(ImageSpan(s, n, im.digest) for s, n, im in zip(starts, counts, images, strict=True))
         return VisionPrompt(tuple(tokens), spans, {"images": tuple(images)})
+
+    def prepare(
+        self, messages: Sequence[dict[str, Any]], access: ImageAccess, limits: ImageLimits = DEFAULT_LIMITS
+    ) -> VisionPrompt:
+        """A stored chat body's prompt: every image fetched (checked against this worker's `access`), decoded
+        with `limits`, and placed. Raises ImageError or PromptError: the request fails alone."""
+        pics = [load_image(url, access, limits) for _, _, url in image_urls(list(messages))]
+        return self.build_prompt(messages, pics)
 
     # ---- decoding ----------------------------------------------------------------------------------
 
