@@ -26,8 +26,10 @@ only as its RoPE position (masks use the padding). Every later filter/extend kee
 three mRoPE sections hold the same position, so mlx-lm's 1-D RoPE is exact for decoding.
 
 Families: BATCHED lists the families whose prompts we build and whose decode runs in mlx-lm's
-BatchGenerator (tested on the tiny fixture: qwen2_vl). Every other vision model mlx-vlm loads is recognised
-but not batched: the engine runs it one request at a time on mlx-vlm's own `generate_step` (phase 2).
+BatchGenerator: qwen2_vl and qwen2_5_vl, both tested on tiny fixtures (tests/tiny_vlm.py). Other families need
+their own glue here (how the vision tower is called, positions, mlx-lm's twin); until then every other vision
+model mlx-vlm loads is recognised but not batched: the engine runs it one request at a time on mlx-vlm's own
+`generate_step` (phase 2). A quantized checkpoint's twin is quantized like the source (untested here).
 """
 
 from __future__ import annotations
