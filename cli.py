@@ -87,6 +87,40 @@ redis_option = click.option(
 )
 
 
+def image_options(fn: Any) -> Any:
+    """--allow-files-from and --allow-remote-images: where images in messages may come from (submit and worker)."""
+    opts = [
+        click.option(
+            "--allow-files-from",
+            "allow_files_from",
+            multiple=True,
+            type=click.Path(file_okay=False),
+            metavar="DIR",
+            help="Images in messages may be files under DIR (repeatable). Symlinks and .. are resolved first; "
+            "the worker checks again with its own list.",
+        ),
+        click.option(
+            "--allow-remote-images",
+            is_flag=True,
+            help="Images in messages may be http(s) URLs (fetched by the worker, 10 s timeout, 20 MB cap).",
+        ),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def _image_access(kw: dict[str, Any]) -> Any:
+    """The ImageAccess for --allow-files-from / --allow-remote-images (popped from kw)."""
+    from omlx_jobs.jobs.images import ImageAccess
+
+    dirs, remote = kw.pop("allow_files_from", ()), kw.pop("allow_remote_images", False)
+    try:
+        return ImageAccess.create(dirs, allow_remote=remote)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def engine_options(fn: Any) -> Any:
     opts = [
         click.option("--model", "-m", required=True, help="Model directory, Hugging Face id, or gguf:FILE.gguf."),
@@ -194,6 +228,7 @@ def _print_rejection(load: Any) -> None:
 @click.option(
     "--shard-timeout", type=int, default=defaults.SHARD_TIMEOUT, show_default=True, help="Seconds a shard may run."
 )
+@image_options
 @db_option
 @redis_option
 def submit(
@@ -206,12 +241,14 @@ def submit(
     shard_timeout: int,
     db: str | None,
     redis_url: str | None,
+    **kw: Any,
 ) -> None:
     """Validate FILE (JSONL: OpenAI batch lines or {"prompt"|"messages": ...}) and queue it; prints the job id."""
     from omlx_jobs.jobs import actions
     from omlx_jobs.jobs.queue import RedisUnavailable
     from omlx_jobs.store import StoreError
 
+    images = _image_access(kw)
     try:
         redis = _redis(redis_url)
         store = _store(db)
@@ -224,6 +261,7 @@ def submit(
             skip_invalid=skip_invalid,
             shard_size=shard_size,
             shard_timeout=shard_timeout,
+            images=images,
         )
     except (RedisUnavailable, StoreError) as exc:
         _fail(str(exc))
@@ -449,6 +487,7 @@ def resume(job_id: str, db: str | None, redis_url: str | None) -> None:
     help="On SIGTERM/Ctrl-C, seconds in-flight requests get to finish before the rest go back.",
 )
 @click.option("--name", help="Worker name (default: RQ's).")
+@image_options
 @click.option(
     "--heartbeat-ttl",
     default=defaults.HEARTBEAT_TTL,
@@ -472,6 +511,7 @@ def worker(
     from omlx_jobs.jobs.queue import RedisUnavailable, queue_name
     from omlx_jobs.store import StoreError
 
+    images = _image_access(kw)
     try:
         redis = _redis(redis_url)
         store = _store(db)
@@ -488,7 +528,9 @@ def worker(
         _fail(str(exc))
         return
     qname = queue or queue_name(kw["model"])
-    ctx = entry.WorkerContext(store=store, engine=engine, redis=redis, queue=qname, drain_timeout=drain_timeout)
+    ctx = entry.WorkerContext(
+        store=store, engine=engine, redis=redis, queue=qname, drain_timeout=drain_timeout, images=images
+    )
     entry.install(ctx)
     click.echo(f"worker ready on {qname} (model {kw['model']})", err=True)
     code = serve(ctx, qname, burst=burst, heartbeat_ttl=heartbeat_ttl, name=name)
@@ -506,6 +548,7 @@ def worker(
 @click.option("--skip-invalid", is_flag=True, help="Run the valid lines; record bad ones as failed.")
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
 @click.option("--resume", "resume_job", metavar="JOB", help="Continue an interrupted `run` job.")
+@image_options
 @db_option
 def run(
     file: Path,
@@ -522,6 +565,7 @@ def run(
     from omlx_jobs.jobs.submit import load_job
     from omlx_jobs.store import StoreError
 
+    images = _image_access(kw)
     for path in (output, errors):
         if path is not None and path.exists() and not force:
             _fail(f"{path} exists; pass --force to overwrite it")
@@ -537,7 +581,7 @@ def run(
         if resume_job:
             job_id = resume_job
         else:
-            load = load_job(store, file, kw["model"], skip_invalid=skip_invalid)
+            load = load_job(store, file, kw["model"], skip_invalid=skip_invalid, images=images)
             if load.rejected:
                 _print_rejection(load)
                 sys.exit(2)

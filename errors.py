@@ -34,11 +34,23 @@ class ErrorCode(str, Enum):
     UNSUPPORTED_CONTENT = "unsupported_content"
     DUPLICATE_CUSTOM_ID = "duplicate_custom_id"
     EMPTY_FILE = "empty_file"
+    # image_url parts (jobs/images.py)
+    INVALID_IMAGE_URL = "invalid_image_url"
+    INVALID_IMAGE = "invalid_image"
+    IMAGE_TOO_LARGE = "image_too_large"
+    IMAGE_NOT_FOUND = "image_not_found"
+    IMAGE_PATH_NOT_ALLOWED = "image_path_not_allowed"
+    REMOTE_IMAGES_DISABLED = "remote_images_disabled"
     # The request cannot run on the worker's model (found at run time): permanent too.
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     INVALID_PROMPT = "invalid_prompt"
     NO_CHAT_TEMPLATE = "no_chat_template"
     CHAT_TEMPLATE_ERROR = "chat_template_error"
+    # An image that decodes badly or cannot be fetched at run time (worker/images.py), or a text-only model.
+    TRUNCATED_IMAGE = "truncated_image"
+    IMAGE_TOO_MANY_PIXELS = "image_too_many_pixels"
+    IMAGE_UNREACHABLE = "image_unreachable"
+    IMAGES_NOT_SUPPORTED = "images_not_supported"
     # Failures of ours (the engine, a lost worker): retrying can help.
     SERVER_ERROR = "server_error"
     ENGINE_ERROR = "engine_error"
@@ -79,6 +91,12 @@ INPUT_ERROR_CODES = frozenset(
         ErrorCode.UNSUPPORTED_CONTENT,
         ErrorCode.DUPLICATE_CUSTOM_ID,
         ErrorCode.EMPTY_FILE,
+        ErrorCode.INVALID_IMAGE_URL,
+        ErrorCode.INVALID_IMAGE,
+        ErrorCode.IMAGE_TOO_LARGE,
+        ErrorCode.IMAGE_NOT_FOUND,
+        ErrorCode.IMAGE_PATH_NOT_ALLOWED,
+        ErrorCode.REMOTE_IMAGES_DISABLED,
     }
 )
 

@@ -12,6 +12,8 @@ from redis import Redis
 
 from omlx_jobs.errors import SERVER_ERROR_CODES
 from omlx_jobs.jobs import lifecycle
+from omlx_jobs.jobs.formats import NO_FILES
+from omlx_jobs.jobs.images import ImageAccess
 from omlx_jobs.jobs.queue import (
     DEFAULT_SHARD_TIMEOUT,
     RedisUnavailable,
@@ -47,6 +49,7 @@ def submit(
     shard_size: int | None = None,
     shard_timeout: int = DEFAULT_SHARD_TIMEOUT,
     on_progress: Callable[[int], None] | None = None,
+    images: ImageAccess = NO_FILES,
 ) -> Submitted:
     """Validate and store the file, then enqueue its shards. Redis is checked first, so a down Redis
     leaves no job behind; if it fails midway, the job stays 'validating' and `resume` enqueues it."""
@@ -55,7 +58,9 @@ def submit(
         redis.ping()
     except Exception as exc:
         raise RedisUnavailable(f"cannot reach Redis before submitting ({exc}); nothing was stored") from exc
-    loaded = load_job(store, path, model, skip_invalid=skip_invalid, queue=qname, on_progress=on_progress)
+    loaded = load_job(
+        store, path, model, skip_invalid=skip_invalid, queue=qname, on_progress=on_progress, images=images
+    )
     if loaded.rejected:
         return Submitted(loaded, qname, [])
     # Kept with the job: shards enqueued again later (reconcile, resume, retry) are cut and timed the same way.

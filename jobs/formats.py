@@ -24,6 +24,7 @@ from omlx_jobs.jobs.errors import (
     did_you_mean,
     shown,
 )
+from omlx_jobs.jobs.images import ImageAccess
 from omlx_jobs.jobs.lines import MAX_LINE_BYTES, iter_lines
 from omlx_jobs.jobs.params import (
     DEFAULT_MAX_TOKENS,
@@ -36,12 +37,14 @@ from omlx_jobs.jobs.params import (
     SamplingParams,
     validate_params,
 )
+from omlx_jobs.jobs.parts import parse_content
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 ENDPOINTS = (CHAT_URL, COMPLETIONS_URL)
 MAX_CUSTOM_ID_CHARS = 512
 ROLES = ("system", "developer", "user", "assistant")
+NO_FILES = ImageAccess()  # data: URIs only; no local files, no remote URLs
 BATCH_KEYS = ("custom_id", "method", "url", "body")
 
 __all__ = [
@@ -56,6 +59,7 @@ __all__ = [
     "MAX_STOP_CHARS",
     "MAX_STOP_STRINGS",
     "MAX_TOKENS_LIMIT",
+    "NO_FILES",
     "PASSTHROUGH_KEYS",
     "SUPPORTED_PARAMS",
     "InputError",
@@ -70,7 +74,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ParsedRequest:
-    """A valid request: `body` is normalized (messages as role/content strings, or a prompt) plus params."""
+    """A valid request: `body` is normalized (messages, or a prompt) plus params.
+
+    A message's content is a string, or, when it holds images, a list of text and image_url parts.
+    """
 
     line: int
     custom_id: str
@@ -81,7 +88,7 @@ class ParsedRequest:
 # ---- messages and prompts ---------------------------------------------------------------------------
 
 
-def _messages(value: Any, where: str) -> list[dict[str, str]]:
+def _messages(value: Any, where: str, images: ImageAccess) -> list[dict[str, Any]]:
     name = f"{where}messages"
     if not isinstance(value, list):
         raise BadValue(ErrorCode.INVALID_TYPE, name, f"must be a list of messages, got {describe(value)}")
@@ -113,48 +120,13 @@ def _messages(value: Any, where: str) -> list[dict[str, str]]:
             )
         if msg.get("content") is None:
             raise BadValue(ErrorCode.MISSING_FIELD, f"{here}.content", "is missing or null; give the message text")
-        content = _content(msg["content"], f"{here}.content")
+        content = parse_content(msg["content"], f"{here}.content", role, images)
         if not content and role != "assistant":
             raise BadValue(
                 ErrorCode.EMPTY_VALUE, f"{here}.content", "must not be empty; give the message text or drop the message"
             )
         out.append({"role": role, "content": content})
     return out
-
-
-def _content(value: Any, name: str) -> str:
-    if isinstance(value, str):
-        return check_text(value, name)
-    if not isinstance(value, list):
-        raise BadValue(
-            ErrorCode.INVALID_TYPE, name, f"must be a string or a list of content parts, got {describe(value)}"
-        )
-    texts = []
-    for j, part in enumerate(value):
-        here = f"{name}[{j}]"
-        if not isinstance(part, dict):
-            raise BadValue(
-                ErrorCode.INVALID_TYPE,
-                here,
-                f'must be a content part object like {{"type": "text", ...}}, got {describe(part)}',
-            )
-        kind = part.get("type")
-        if kind == "text":
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise BadValue(ErrorCode.INVALID_TYPE, f"{here}.text", f"must be a string, got {describe(text)}")
-            texts.append(check_text(text, f"{here}.text"))
-        elif kind is None:
-            raise BadValue(
-                ErrorCode.MISSING_FIELD, f"{here}.type", 'is missing; text parts are {"type": "text", "text": "..."}'
-            )
-        else:
-            raise BadValue(
-                ErrorCode.UNSUPPORTED_CONTENT,
-                f"{here}.type",
-                f"content part type {kind!r} is not supported (images, audio and files are not); send text parts only",
-            )
-    return "".join(texts)
 
 
 def _prompt(value: Any, where: str) -> str | list[int]:
@@ -228,8 +200,11 @@ def _decode(text: str) -> Any:
     return value
 
 
-def parse_line(text: str, line: int) -> ParsedRequest:
-    """Parse and validate one line. Raises InvalidLine with the line number, field, code and message."""
+def parse_line(text: str, line: int, images: ImageAccess = NO_FILES) -> ParsedRequest:
+    """Parse and validate one line. Raises InvalidLine with the line number, field, code and message.
+
+    `images` says which image URLs are allowed (default: data: URIs only).
+    """
     custom_id: str | None = None
     try:
         obj = _decode(text)
@@ -240,10 +215,10 @@ def parse_line(text: str, line: int) -> ParsedRequest:
         if isinstance(obj.get("custom_id"), str):
             custom_id = obj["custom_id"]
         if any(k in obj for k in ("body", "url", "method")):
-            endpoint, body = _openai_line(obj)
+            endpoint, body = _openai_line(obj, images)
             custom_id = obj["custom_id"]
         else:
-            endpoint, body = _shorthand_line(obj)
+            endpoint, body = _shorthand_line(obj, images)
             custom_id = obj.get("custom_id", str(line))
         return ParsedRequest(line=line, custom_id=custom_id, endpoint=endpoint, body=body)
     except BadValue as bad:
@@ -275,7 +250,7 @@ def _check_custom_id(obj: dict[str, Any], required: bool) -> None:
         )
 
 
-def _openai_line(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def _openai_line(obj: dict[str, Any], images: ImageAccess) -> tuple[str, dict[str, Any]]:
     extra = sorted(set(obj) - set(BATCH_KEYS))
     if extra:
         raise BadValue(
@@ -313,7 +288,7 @@ def _openai_line(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
             )
         if "messages" not in body:
             raise BadValue(ErrorCode.MISSING_FIELD, "body.messages", f"is missing; {CHAT_URL} needs a list of messages")
-        return url, {"messages": _messages(body["messages"], "body."), **validate_params(body, "body.")}
+        return url, {"messages": _messages(body["messages"], "body.", images), **validate_params(body, "body.")}
     if "messages" in body:
         raise BadValue(
             ErrorCode.ENDPOINT_MISMATCH,
@@ -325,14 +300,14 @@ def _openai_line(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return url, {"prompt": _prompt(body["prompt"], "body."), **validate_params(body, "body.")}
 
 
-def _shorthand_line(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def _shorthand_line(obj: dict[str, Any], images: ImageAccess) -> tuple[str, dict[str, Any]]:
     _check_custom_id(obj, required=False)
     rest = {k: v for k, v in obj.items() if k != "custom_id"}
     has_messages, has_prompt = "messages" in rest, "prompt" in rest
     if has_messages and has_prompt:
         raise BadValue(ErrorCode.CONFLICTING_FIELDS, "prompt", "give either prompt or messages, not both")
     if has_messages:
-        return CHAT_URL, {"messages": _messages(rest["messages"], ""), **validate_params(rest, "")}
+        return CHAT_URL, {"messages": _messages(rest["messages"], "", images), **validate_params(rest, "")}
     if has_prompt:
         return COMPLETIONS_URL, {"prompt": _prompt(rest["prompt"], ""), **validate_params(rest, "")}
     raise BadValue(
@@ -342,7 +317,7 @@ def _shorthand_line(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     )
 
 
-def parse_stream(stream: IO[bytes]) -> Iterator[ParsedRequest | InputError]:
+def parse_stream(stream: IO[bytes], images: ImageAccess = NO_FILES) -> Iterator[ParsedRequest | InputError]:
     """Parse a whole JSONL stream: valid requests and errors, in file order, with duplicate custom_ids caught.
 
     A custom_id counts as taken even on a line that is otherwise invalid, so the output never holds it twice.
@@ -353,7 +328,7 @@ def parse_stream(stream: IO[bytes]) -> Iterator[ParsedRequest | InputError]:
             yield item
             continue
         try:
-            req = parse_line(item, line_no)
+            req = parse_line(item, line_no, images)
         except InvalidLine as bad:
             if bad.error.custom_id is not None:
                 seen.setdefault(bad.error.custom_id, line_no)

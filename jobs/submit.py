@@ -11,7 +11,8 @@ from typing import IO, Any
 
 from omlx_jobs.errors import ErrorCode, OmlxError
 from omlx_jobs.jobs import lifecycle
-from omlx_jobs.jobs.formats import InputError, parse_stream
+from omlx_jobs.jobs.formats import NO_FILES, InputError, parse_stream
+from omlx_jobs.jobs.images import ImageAccess
 from omlx_jobs.store import RequestStatus, Store
 
 MAX_REPORTED_ERRORS = 1000
@@ -93,8 +94,11 @@ def load_job(
     queue: str | None = None,
     job_id: str | None = None,
     on_progress: Callable[[int], None] | None = None,
+    images: ImageAccess = NO_FILES,
 ) -> LoadResult:
     """Create a job and its request rows from a JSONL stream; never holds the whole file in memory.
+
+    `images` says where images in messages may come from (data: URIs only by default).
 
     With bad lines and no `skip_invalid`, the job is marked failed with the errors and keeps no requests.
     """
@@ -115,7 +119,7 @@ def load_job(
 
     stream = open(source, "rb") if isinstance(source, Path) else source  # noqa: SIM115
     try:
-        for item in parse_stream(stream):
+        for item in parse_stream(stream, images):
             if isinstance(item, InputError):
                 result.invalid += 1
                 if len(result.errors) < MAX_REPORTED_ERRORS:

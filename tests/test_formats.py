@@ -98,10 +98,28 @@ ERRORS = [
     (chat({"role": "user", "content": ["hi"]}), "body.messages[0].content[0]", "invalid_type", '"type": "text"'),
     (chat({"role": "user", "content": [{"text": "hi"}]}), "body.messages[0].content[0].type", "missing_field", ""),
     (
-        chat({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}),
-        "body.messages[0].content[0].type",
-        "unsupported_content",
-        "send text parts only",
+        chat({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "/x.png"}}]}),
+        "body.messages[0].content[0].image_url.url",
+        "image_path_not_allowed",
+        "--allow-files-from",
+    ),
+    (
+        chat({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://h/i.png"}}]}),
+        "body.messages[0].content[0].image_url.url",
+        "remote_images_disabled",
+        "--allow-remote-images",
+    ),
+    (
+        chat({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png,abc"}}]}),
+        "body.messages[0].content[0].image_url.url",
+        "invalid_image_url",
+        "base64",
+    ),
+    (
+        chat({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}}]}),
+        "body.messages[0].content[0].image_url.url",
+        "invalid_image",
+        "not a PNG, JPEG, WebP or GIF",
     ),
     (
         chat({"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}),
@@ -167,6 +185,7 @@ def test_each_error_names_field_and_code(text: str, field: str | None, code: str
 def test_errors_cover_every_parse_code() -> None:
     seen = {code for _, _, code, _ in ERRORS}
     from_files = {"invalid_encoding", "line_too_long", "duplicate_custom_id", "empty_file", "invalid_request"}
+    from_files |= {"image_not_found", "image_too_large"}  # tests/test_image_parts.py, with real files
     assert seen | from_files == INPUT_ERROR_CODES
 
 

@@ -81,3 +81,27 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(wheel: Path, tmp_path: Path, ti
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 2
+
+
+def test_vision_extra_and_the_lean_test_install_agree(wheel: Path) -> None:
+    """Users install the vision extra in full; scripts/setup installs mlx-vlm without its requirements and only
+    the ones our vision code imports. Each of those satisfies mlx-vlm's own specifier, so the two agree."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    names = zipfile.ZipFile(wheel).namelist()
+    ours = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
+    assert 'Requires-Dist: mlx-vlm==0.7.10; extra == "vision"' in ours
+    assert 'Requires-Dist: Pillow>=10.3; extra == "vision"' in ours
+    assert metadata.version("mlx-vlm") == "0.7.10"
+    needed = {"mlx", "transformers", "pillow", "requests", "jinja2", "numpy", "tqdm", "sentencepiece"}
+    checked = set()
+    for text in metadata.requires("mlx-vlm") or []:
+        req = Requirement(text)
+        name = req.name.lower()
+        if req.marker is not None or name not in needed:
+            continue
+        assert req.specifier.contains(metadata.version(req.name), prereleases=True), (text, metadata.version(name))
+        checked.add(name)
+    assert checked == needed

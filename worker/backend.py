@@ -17,10 +17,13 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, _merge_caches, _right_pad_prompts, generation_stream
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+from mlx_lm.models.cache import _BaseCache, can_trim_prompt_cache, make_prompt_cache
 
 from omlx_jobs.worker import attention, kv
 from omlx_jobs.worker.prefix_cache import Entry, Match
+
+BaseCache = _BaseCache
+"""mlx-lm's base of layer caches, for cache classes of ours (worker/cascade_cache.py)."""
 
 Caches = list[Any]
 Sampler = Callable[[mx.array], mx.array]

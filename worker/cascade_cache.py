@@ -36,8 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache, _BaseCache
+from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from omlx_jobs.worker.backend import BaseCache
 from omlx_jobs.worker.cascade import Level
 
 
@@ -149,7 +150,7 @@ def _empty_own() -> BatchKVCache:
     return own
 
 
-class CascadeKVCache(_BaseCache):
+class CascadeKVCache(BaseCache):
     """One layer's cache for a batch of rows that continue shared prefix levels and hold only their own suffix."""
 
     def __init__(self, chains: list[tuple[Segment, ...]], own: BatchKVCache) -> None:

@@ -16,6 +16,7 @@ from redis import Redis
 from omlx_jobs import defaults
 from omlx_jobs.errors import OmlxError
 from omlx_jobs.jobs.actions import shard_timeout_of
+from omlx_jobs.jobs.images import ImageAccess
 from omlx_jobs.jobs.queue import Shard, enqueue_shards
 from omlx_jobs.store import Store, StoreError
 from omlx_jobs.store.db import JobNotFound
@@ -38,6 +39,9 @@ class WorkerContext:
     redis: Redis | None = None
     queue: str | None = None
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
+    images: ImageAccess = field(default_factory=ImageAccess)
+    """Where images in messages may come from on this worker (--allow-files-from, --allow-remote-images); the
+    worker checks every image again against it, whatever submit allowed."""
     fatal: str | None = None
     """Set when the store fails (disk full, read-only): the worker stops taking work."""
     _drain_deadline: float | None = field(default=None, repr=False)

@@ -62,7 +62,10 @@ class LoadedModel:
             raise PromptError(ErrorCode.INVALID_PROMPT, "the prompt tokenizes to nothing")
         return list(ids)
 
-    def _encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def _encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        from omlx_jobs.worker.images import check_accepts_images
+
+        check_accepts_images(messages, model_is_vision=False, model=self.ref)  # mlx_lm.load: text-only
         tok = self.tokenizer
         if not getattr(tok, "chat_template", None):
             raise PromptError(

@@ -1,0 +1,250 @@
+"""Image references in chat messages: which URLs are allowed, and the checks that need no image decoder.
+
+Pure logic (no MLX, no Pillow, no network): submit and the worker both call it, so a path is confined the same
+way on both sides, and the worker re-checks rather than trusting what submit stored.
+
+Accepted `image_url.url` forms:
+- `data:image/<png|jpeg|webp|gif>;base64,<data>`, always;
+- an absolute path or a `file://` URL, only inside a folder the user allowed (`--allow-files-from DIR`); symlinks
+  and `..` are resolved first, so a link pointing out of an allowed folder is refused;
+- `http://` / `https://`, only with `--allow-remote-images` (fetched by the worker, with a timeout and a size cap).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+from urllib.parse import unquote, urlsplit
+
+DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024  # OpenAI's limit per image
+DEFAULT_REMOTE_TIMEOUT = 10.0
+DETAILS = ("auto", "low", "high")
+# OpenAI's image formats; the worker's decoder opens these and nothing else.
+MEDIA_TYPES = {"image/png": "PNG", "image/jpeg": "JPEG", "image/jpg": "JPEG", "image/webp": "WEBP", "image/gif": "GIF"}
+
+# Codes a bad image reference can carry (at submit, or per request in the worker).
+IMAGE_SOURCE_CODES = frozenset(
+    {
+        "invalid_image_url",
+        "invalid_image",
+        "image_too_large",
+        "image_not_found",
+        "image_path_not_allowed",
+        "remote_images_disabled",
+    }
+)
+
+_DATA_URI = re.compile(r"data:([\w.+-]+/[\w.+-]+)((?:;[\w.+-]+=[\w.+-]+)*)(;base64)?,", re.ASCII)
+
+
+class ImageSourceError(Exception):
+    """A reference to an image that cannot be used: `code` is one of IMAGE_SOURCE_CODES, `message` says what to do."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ImageAccess:
+    """Where images may come from: the folders the user allowed, whether remote URLs may be fetched, byte cap."""
+
+    allowed_dirs: tuple[Path, ...] = ()
+    allow_remote: bool = False
+    max_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+    remote_timeout: float = DEFAULT_REMOTE_TIMEOUT
+
+    @classmethod
+    def create(
+        cls,
+        allowed_dirs: tuple[str | Path, ...] | list[str | Path] = (),
+        *,
+        allow_remote: bool = False,
+        max_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
+        remote_timeout: float = DEFAULT_REMOTE_TIMEOUT,
+    ) -> ImageAccess:
+        """Resolve each allowed folder once (symlinks too); a folder that does not exist is an error."""
+        dirs = []
+        for d in allowed_dirs:
+            path = Path(d).expanduser()
+            if not path.is_dir():
+                raise ValueError(f"--allow-files-from {d}: not a folder")
+            dirs.append(path.resolve())
+        if max_bytes < 1 or remote_timeout <= 0:
+            raise ValueError("the image byte cap and the remote timeout must be positive")
+        return cls(tuple(dirs), allow_remote, max_bytes, remote_timeout)
+
+
+@dataclass(frozen=True)
+class DataImage:
+    media_type: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class FileImage:
+    path: Path
+    """Resolved: no symlinks, no `..`, inside an allowed folder."""
+
+
+@dataclass(frozen=True)
+class RemoteImage:
+    url: str
+
+
+ImageSource = DataImage | FileImage | RemoteImage
+
+
+def classify(url: str, access: ImageAccess) -> ImageSource:
+    """Check a URL against `access` without reading a file or the network; raise ImageSourceError if refused.
+
+    A data URI is decoded (base64) and its size checked; a path is resolved and confined, and must be a file.
+    """
+    if url.startswith("data:"):
+        return _data_image(url, access.max_bytes)
+    scheme = urlsplit(url).scheme.lower() if "://" in url else ""
+    if scheme in ("http", "https"):
+        if not access.allow_remote:
+            raise ImageSourceError(
+                "remote_images_disabled",
+                "remote image URLs are off; pass --allow-remote-images to fetch them, or send the image as a "
+                "data: URI or a file under --allow-files-from",
+            )
+        if not urlsplit(url).hostname:
+            raise ImageSourceError("invalid_image_url", f"{_short(url)} has no host name")
+        return RemoteImage(url)
+    if scheme == "file":
+        parts = urlsplit(url)
+        if parts.netloc not in ("", "localhost"):
+            raise ImageSourceError("invalid_image_url", "file:// URLs must name a local file (file:///path/to/img.png)")
+        return FileImage(confine(unquote(parts.path), access))
+    if scheme:
+        raise ImageSourceError(
+            "invalid_image_url", f"URL scheme {scheme!r} is not supported; use data:, file://, a path, or http(s)"
+        )
+    return FileImage(confine(url, access))
+
+
+def confine(path: str, access: ImageAccess) -> Path:
+    """The real path of `path` (symlinks and `..` resolved) if it is a regular file inside an allowed folder."""
+    if not access.allowed_dirs:
+        raise ImageSourceError(
+            "image_path_not_allowed",
+            "local image files are off; pass --allow-files-from DIR (on submit, run and worker) for the folder "
+            "that holds them, or send the image as a data: URI",
+        )
+    if "\x00" in path:
+        raise ImageSourceError("invalid_image_url", "the path holds a NUL byte")
+    if not os.path.isabs(path):
+        raise ImageSourceError(
+            "invalid_image_url", f"{_short(path)} is a relative path; give an absolute path or a file:// URL"
+        )
+    try:
+        real = Path(path).resolve(strict=True)
+    except FileNotFoundError:
+        raise ImageSourceError("image_not_found", f"{_short(path)} does not exist") from None
+    except (OSError, RuntimeError) as exc:  # a symlink loop, a permission error on a parent
+        raise ImageSourceError("image_not_found", f"{_short(path)} cannot be resolved: {exc}") from None
+    if not any(real.is_relative_to(d) for d in access.allowed_dirs):
+        shown = ", ".join(str(d) for d in access.allowed_dirs)
+        via = f" (it resolves to {real})" if str(real) != os.path.normpath(path) else ""
+        raise ImageSourceError(
+            "image_path_not_allowed",
+            f"{_short(path)}{via} is outside the allowed folders ({shown}); move it there or allow its folder "
+            "with --allow-files-from",
+        )
+    try:
+        mode = real.stat().st_mode
+    except OSError as exc:
+        raise ImageSourceError("image_not_found", f"{_short(path)} cannot be read: {exc}") from None
+    if not stat.S_ISREG(mode):
+        raise ImageSourceError("invalid_image", f"{_short(path)} is not a regular file")
+    return real
+
+
+def read_confined(source: FileImage, access: ImageAccess) -> bytes:
+    """Read a confined file, at most `max_bytes`: re-checked and opened without following a swapped-in link."""
+    path = confine(str(source.path), access)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise ImageSourceError("image_not_found", f"{path} cannot be opened: {exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise ImageSourceError("invalid_image", f"{path} is not a regular file")
+        return read_capped(fh, access.max_bytes, str(path))
+
+
+def read_capped(stream: IO[bytes], max_bytes: int, what: str) -> bytes:
+    """At most max_bytes from a stream; ImageSourceError (image_too_large) if there is more."""
+    data = stream.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ImageSourceError(
+            "image_too_large", f"{_short(what)} is over {max_bytes:,} bytes; send a smaller or re-encoded image"
+        )
+    return data
+
+
+def sniff(data: bytes) -> str | None:
+    """The image format from the first bytes (PNG, JPEG, WEBP, GIF), or None."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "PNG"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "JPEG"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "GIF"
+    return None
+
+
+def check_format(data: bytes, what: str) -> str:
+    """The format of `data`, or ImageSourceError (invalid_image) naming the formats accepted."""
+    kind = sniff(data)
+    if kind is None:
+        raise ImageSourceError("invalid_image", f"{_short(what)} is not a PNG, JPEG, WebP or GIF image")
+    return kind
+
+
+def _data_image(url: str, max_bytes: int) -> DataImage:
+    m = _DATA_URI.match(url)
+    if not m:
+        raise ImageSourceError("invalid_image_url", "a data URI must look like data:image/png;base64,<base64 data>")
+    media_type = m.group(1).lower()
+    if media_type not in MEDIA_TYPES:
+        raise ImageSourceError(
+            "invalid_image_url",
+            f"data URI media type {media_type!r} is not supported; use image/png, image/jpeg, image/webp or image/gif",
+        )
+    if not m.group(3):
+        raise ImageSourceError("invalid_image_url", "the data URI must be base64-encoded (data:image/png;base64,...)")
+    payload = url[m.end() :]
+    if len(payload) // 4 * 3 > max_bytes + 2:  # judged before decoding: base64 is 4 characters per 3 bytes
+        raise ImageSourceError(
+            "image_too_large", f"the image is over {max_bytes:,} bytes; send a smaller or re-encoded image"
+        )
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise ImageSourceError(
+            "invalid_image_url",
+            "the data URI's base64 data is invalid (only A-Z a-z 0-9 + / and = padding; no spaces or newlines)",
+        ) from None
+    if len(data) > max_bytes:
+        raise ImageSourceError(
+            "image_too_large", f"the image is {len(data):,} bytes, over {max_bytes:,} bytes; send a smaller image"
+        )
+    if not data:
+        raise ImageSourceError("invalid_image", "the data URI holds no data")
+    return DataImage(media_type, data)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,114 @@
+"""Message content: a string, or OpenAI content parts (text and image_url). Pure logic, used by formats.py.
+
+Text-only content is stored as one string, as before images were supported. Content holding images is stored as
+a list of parts, `{"type": "text", "text": ...}` and `{"type": "image_url", "image_url": {"url": ..., "detail": ...}}`,
+in the order given, so the worker places each image where the user put it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from omlx_jobs.jobs import images as img
+from omlx_jobs.jobs.errors import BadValue, check_text, describe
+
+IMAGE_KEYS = ("url", "detail")
+
+
+def parse_content(value: Any, name: str, role: str, access: img.ImageAccess) -> str | list[dict[str, Any]]:
+    """Validate a message's content; a string unless it holds an image part."""
+    if isinstance(value, str):
+        return check_text(value, name)
+    if not isinstance(value, list):
+        raise BadValue("invalid_type", name, f"must be a string or a list of content parts, got {describe(value)}")
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(value):
+        here = f"{name}[{j}]"
+        if not isinstance(part, dict):
+            raise BadValue(
+                "invalid_type",
+                here,
+                f'must be a content part object like {{"type": "text", ...}}, got {describe(part)}',
+            )
+        kind = part.get("type")
+        if kind == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise BadValue("invalid_type", f"{here}.text", f"must be a string, got {describe(text)}")
+            parts.append({"type": "text", "text": check_text(text, f"{here}.text")})
+        elif kind == "image_url":
+            if role != "user":
+                raise BadValue(
+                    "unsupported_content", f"{here}.type", f"images go in user messages, not in a {role} message"
+                )
+            parts.append(_image_part(part, here, access))
+        elif kind is None:
+            raise BadValue(
+                "missing_field", f"{here}.type", 'is missing; text parts are {"type": "text", "text": "..."}'
+            )
+        else:
+            raise BadValue(
+                "unsupported_content",
+                f"{here}.type",
+                f"content part type {kind!r} is not supported (audio and files are not); send text and image_url parts",
+            )
+    if not any(p["type"] == "image_url" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
+
+
+def _image_part(part: dict[str, Any], here: str, access: img.ImageAccess) -> dict[str, Any]:
+    _only_keys(part, ("type", "image_url"), here)
+    spec = part.get("image_url")
+    if spec is None:
+        raise BadValue("missing_field", f"{here}.image_url", 'is missing; give {"url": "data:image/png;base64,..."}')
+    if not isinstance(spec, dict):
+        raise BadValue(
+            "invalid_type", f"{here}.image_url", f'must be an object like {{"url": "..."}}, got {describe(spec)}'
+        )
+    _only_keys(spec, IMAGE_KEYS, f"{here}.image_url")
+    url = spec.get("url")
+    field = f"{here}.image_url.url"
+    if url is None:
+        raise BadValue("missing_field", field, "is missing; give a data: URI, a file path or an http(s) URL")
+    if not isinstance(url, str):
+        raise BadValue("invalid_type", field, f"must be a string, got {describe(url)}")
+    if not url:
+        raise BadValue("empty_value", field, "must not be empty; give a data: URI, a file path or an http(s) URL")
+    check_text(url, field)
+    detail = spec.get("detail", "auto")
+    if detail not in img.DETAILS:
+        allowed = ", ".join(img.DETAILS)
+        raise BadValue("invalid_value", f"{here}.image_url.detail", f"must be one of {allowed}, got {describe(detail)}")
+    try:
+        _check_source(img.classify(url, access), access)
+    except img.ImageSourceError as exc:
+        raise BadValue(exc.code, field, exc.message) from None
+    return {"type": "image_url", "image_url": {"url": url, "detail": detail}}
+
+
+def _check_source(source: img.ImageSource, access: img.ImageAccess) -> None:
+    """What submit can check without decoding: the data's or the file's first bytes and its size."""
+    if isinstance(source, img.DataImage):
+        img.check_format(source.data, "the data URI")
+    elif isinstance(source, img.FileImage):
+        size = os.stat(source.path).st_size
+        if size > access.max_bytes:
+            cap = f"{access.max_bytes:,}"
+            raise img.ImageSourceError(
+                "image_too_large", f"{source.path} is {size:,} bytes, over {cap} bytes; use a smaller image"
+            )
+        try:
+            with open(source.path, "rb") as fh:
+                head = fh.read(16)
+        except OSError as exc:
+            raise img.ImageSourceError("image_not_found", f"{source.path} cannot be read: {exc}") from None
+        img.check_format(head, str(source.path))
+
+
+def _only_keys(obj: dict[str, Any], allowed: tuple[str, ...], here: str) -> None:
+    extra = sorted(set(obj) - set(allowed))
+    if extra:
+        takes = ", ".join(allowed)
+        raise BadValue("unknown_field", f"{here}.{extra[0]}", f"unsupported field; this object takes {takes}")

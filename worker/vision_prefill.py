@@ -1,0 +1,146 @@
+"""Prefill an image prompt from its input embeddings into mlx-lm KV caches, ready for BatchGenerator.
+
+prefill() embeds the prompt (text tokens through the embedding table, image tokens from the vision features),
+runs it through mlx-vlm's language model at the family's true positions (mRoPE for Qwen2-VL), and returns the
+caches, the logits after the last prompt token and the request's RoPE delta. It can continue from caches that
+already hold a prefix (`start` tokens): images wholly inside that prefix are not encoded again.
+
+The caches are mlx-lm's own KVCache class, so kv views, the prefix cache and BatchGenerator take them as they
+are. PositionedKVCache adds the one per-request state decoding needs: the RoPE delta, which BatchGenerator's
+merge turns into that row's position offset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache, KVCache
+
+from omlx_jobs.worker.vision import ImageFeatures, VisionModel
+from omlx_jobs.worker.vision_prompt import VisionPrompt
+
+DEFAULT_PREFILL_STEP = 2048
+
+
+class PositionedKVCache(KVCache):
+    """A KVCache whose next RoPE position is its length plus `rope_delta` (mRoPE after images; 0 for text).
+
+    BatchGenerator merges a batch's caches with `caches[0][i].merge(...)`, so every cache of a vision model's
+    rows must be of this class (the decode model's make_cache and `positioned` see to it).
+    """
+
+    def __init__(self, rope_delta: int = 0) -> None:
+        super().__init__()
+        self.rope_delta = rope_delta
+
+    @classmethod
+    def merge(cls, caches: list[Any]) -> BatchKVCache:
+        batch = BatchKVCache.merge(caches)
+        deltas = [int(getattr(c, "rope_delta", 0)) for c in caches]
+        if any(deltas):
+            # A BatchKVCache row's offset is only its RoPE position: masks use left_padding, and filter,
+            # extend and trim shift it by whole tokens, so the delta stays with the row.
+            batch.offset = batch.offset + mx.array(deltas)
+        return batch
+
+
+def positioned(caches: list[Any], rope_delta: int = 0) -> list[PositionedKVCache]:
+    """The same keys and values (no copy) as PositionedKVCache layers carrying `rope_delta`."""
+    out = []
+    for c in caches:
+        if type(c) not in (KVCache, PositionedKVCache):
+            raise TypeError(f"{type(c).__name__} layers cannot carry a RoPE delta; only KVCache layers can")
+        p = PositionedKVCache(rope_delta)
+        p.keys, p.values, p.offset = c.keys, c.values, c.offset
+        out.append(p)
+    return out
+
+
+@dataclass
+class Prefilled:
+    """A prompt run through the model: caches holding all of it, the next-token logits, and the RoPE delta."""
+
+    caches: list[PositionedKVCache]
+    logits: mx.array  # (vocab,)
+    rope_delta: int
+    computed: int
+    """Prompt tokens computed here (the rest were in the caches given)."""
+
+
+def prefill(
+    vm: VisionModel,
+    prompt: VisionPrompt,
+    *,
+    caches: list[Any] | None = None,
+    start: int = 0,
+    step: int = DEFAULT_PREFILL_STEP,
+) -> Prefilled:
+    """Run prompt.tokens[start:] from embeddings on top of `caches` (which hold the first `start` tokens)."""
+    n = len(prompt)
+    if not 0 <= start < n:
+        raise ValueError(f"start must be in [0, {n}), got {start}")
+    lm = vm.model.language_model
+    if caches is None:
+        if start:
+            raise ValueError("start > 0 needs the caches that hold those tokens")
+        caches = [KVCache() for _ in lm.model.layers]
+    elif caches[0].offset != start:
+        raise ValueError(f"the caches hold {caches[0].offset} tokens, not start={start}")
+    images = prompt.extra.get("images", ())
+    features = [
+        vm.image_features(im) if span.end > start else None for span, im in zip(prompt.spans, images, strict=True)
+    ]
+    ids = mx.array([prompt.tokens])
+    positions, delta = rope_positions(vm, prompt, features)
+    embeds = input_embeddings(vm, prompt, features, start)
+    hidden = None
+    for a in range(start, n, step):
+        b = min(a + step, n)
+        pos = positions[..., a:b] if positions is not None else None
+        hidden = lm.model(ids[:, a:b], inputs_embeds=embeds[:, a - start : b - start], cache=caches, position_ids=pos)
+        mx.eval([c.state for c in caches])
+    assert hidden is not None
+    last = hidden[:, -1:, :]
+    logits = lm.model.embed_tokens.as_linear(last) if lm.args.tie_word_embeddings else lm.lm_head(last)
+    logits = logits[0, -1]
+    mx.eval(logits)
+    return Prefilled(positioned(caches, delta), logits, delta, n - start)
+
+
+def input_embeddings(
+    vm: VisionModel, prompt: VisionPrompt, features: list[ImageFeatures | None], start: int = 0
+) -> mx.array:
+    """(1, len - start, hidden): token embeddings, with each image's features at its image positions."""
+    embed = vm.model.language_model.model.embed_tokens
+    dtype = vm.model.language_model.model.norm.weight.dtype  # not embed's: a quantized table's weight is packed
+    pieces = []
+    pos = start
+    for span, feat in zip(prompt.spans, features, strict=True):
+        if span.end <= start:
+            continue
+        if span.start > pos:
+            pieces.append(embed(mx.array(prompt.tokens[pos : span.start])))
+        if feat is None or feat.tokens != span.length:
+            raise ValueError(f"image at {span.start} has {span.length} tokens but no features of that size")
+        lo = max(pos, span.start)
+        pieces.append(feat.features[lo - span.start :].astype(dtype))
+        pos = span.end
+    if pos < len(prompt):
+        pieces.append(embed(mx.array(prompt.tokens[pos:])))
+    return mx.concatenate(pieces, axis=0)[None]
+
+
+def rope_positions(
+    vm: VisionModel, prompt: VisionPrompt, features: list[ImageFeatures | None]
+) -> tuple[mx.array | None, int]:
+    """The family's position ids for the whole prompt and the RoPE delta after it (None, 0 for 1-D RoPE)."""
+    if not vm.mrope or not prompt.spans:
+        return None, 0  # text positions: the model counts them from the cache offset
+    images = prompt.extra.get("images", ())
+    grids = [f.grid if f is not None else vm.image_grid(im) for f, im in zip(features, images, strict=True)]
+    ids = mx.array([prompt.tokens])
+    grid = mx.concatenate(grids, axis=0) if grids else None
+    positions, deltas = vm.model.language_model.get_rope_index(ids, grid)
+    return positions, int(mx.array(deltas).reshape(-1)[0].item())
