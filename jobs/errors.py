@@ -29,6 +29,8 @@ INPUT_ERROR_CODES = frozenset(
         "conflicting_fields",
         "invalid_role",
         "unsupported_content",
+        "unsupported_schema",
+        "invalid_schema",
         "duplicate_custom_id",
         "empty_file",
     }
