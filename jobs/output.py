@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from omlx_jobs.jobs.formats import CHAT_URL
+from omlx_jobs.jobs.logprobs import choice_logprobs
 
 # Failures of ours (the engine, a lost worker): retrying can help. Every other code means the request itself
 # is wrong (input validation, a prompt over the context), reported as a 400 like OpenAI does.
@@ -56,6 +57,13 @@ def _choices(row: Any) -> list[tuple[str, str | None]]:
 def response_body(row: Any, model: str) -> dict[str, Any]:
     """The `chat.completion` or `text_completion` object of a completed request."""
     created = int(row.finished_at or 0)
+    # Stored logprobs (worker/logprobs.py) only where they were asked for; every other choice says null.
+    # getattr: the store gains its logprobs column in issue 12's second phase.
+    logprobs = choice_logprobs(getattr(row, "logprobs", None), chat=row.endpoint == CHAT_URL)
+
+    def lp(i: int) -> dict[str, Any] | None:
+        return logprobs[i] if i < len(logprobs) else None
+
     if row.endpoint == CHAT_URL:
         return {
             "id": f"chatcmpl-{row.id}",
@@ -66,7 +74,7 @@ def response_body(row: Any, model: str) -> dict[str, Any]:
                 {
                     "index": i,
                     "message": {"role": "assistant", "content": text},
-                    "logprobs": None,
+                    "logprobs": lp(i),
                     "finish_reason": reason,
                 }
                 for i, (text, reason) in enumerate(_choices(row))
@@ -79,7 +87,7 @@ def response_body(row: Any, model: str) -> dict[str, Any]:
         "created": created,
         "model": model,
         "choices": [
-            {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+            {"index": i, "text": text, "logprobs": lp(i), "finish_reason": reason}
             for i, (text, reason) in enumerate(_choices(row))
         ],
         "usage": _usage(row),
