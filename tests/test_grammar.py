@@ -201,7 +201,10 @@ def test_one_batch_call_equals_the_row_processors(padded) -> None:  # type: igno
     for step in range(6):
         logits = mx.array(rng.normal(size=(len(specs), tok.vocab_size)).astype(np.float32))
         per_row = mx.concatenate(
-            [_run(r.processors, mx.array(ctx), logits[i : i + 1]) for i, (r, ctx) in enumerate(zip(rows_a, contexts))]
+            [
+                _run(r.processors, mx.array(ctx), logits[i : i + 1])
+                for i, (r, ctx) in enumerate(zip(rows_a, contexts, strict=True))
+            ]
         )
         new = [ctx[-1] if step else None for ctx in contexts]
         batched = batch.apply(logits, rows_b, new)
