@@ -79,9 +79,9 @@ def _tile(caches: Sequence[Any], rows: int) -> list[KVCache]:
     for c in caches:
         if not isinstance(c, KVCache):
             raise ValueError(f"prompt logprobs after a cached prefix need KVCache layers, not {type(c).__name__}")
-        keys, values = c.state
+        keys, values = c.keys_and_values()
         t = KVCache()
-        t.state = (mx.repeat(keys, rows, axis=0), mx.repeat(values, rows, axis=0))
+        t.state = (mx.repeat(keys, rows, axis=0), mx.repeat(values, rows, axis=0), c.offset)
         out.append(t)
     return out
 
@@ -90,9 +90,9 @@ def _row_cache(caches: Sequence[KVCache], row: int, length: int) -> list[KVCache
     """Row `row`'s own caches, cut at its length (the batch's shorter rows were right-padded)."""
     out = []
     for c in caches:
-        keys, values = c.state
+        keys, values = c.keys_and_values()
         r = KVCache()
-        r.state = (keys[row : row + 1, :, :length], values[row : row + 1, :, :length])
+        r.state = (keys[row : row + 1, :, :length], values[row : row + 1, :, :length], length)
         out.append(r)
     return out
 
@@ -161,7 +161,7 @@ def prompt_logprobs(
                 keep = max(0, min(m, length - 1 - start))
                 if keep:
                     parts[i].append((lp[i, :keep], ids[i, :keep], vals[i, :keep]))
-        mx.eval([x for x in last if x is not None], [c.state for c in caches])
+        mx.eval([x for x in last if x is not None], [c.keys_and_values() for c in caches])
     out = []
     for i, p in enumerate(prompts):
         result = PromptLogprobs(
