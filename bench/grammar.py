@@ -136,6 +136,7 @@ def run_variant(
             OutputParams(response_format=ResponseFormat("json_schema", json.dumps(spec["schema"]))),
             grammars=cache,
             vocab_size=tok.vocab_size,
+            batched=variant == "batched",
         )
         if variant != "unconstrained"
         else None

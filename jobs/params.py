@@ -264,6 +264,12 @@ def _cross_checks(out: dict[str, Any], where: str) -> dict[str, Any]:
         raise BadValue(
             "conflicting_fields", f"{where}top_logprobs", "needs logprobs: true; set it, or drop top_logprobs"
         )
+    if out.get("response_format") and out.get("stop"):
+        raise BadValue(
+            "conflicting_fields",
+            f"{where}stop",
+            "a stop string would cut the JSON of response_format short; remove stop (the grammar ends the output)",
+        )
     if "top_logprobs" in out and not out["top_logprobs"]:
         del out["top_logprobs"]  # 0 is the default
     for key in sorted(NOT_YET_RUN & set(out)):

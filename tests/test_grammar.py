@@ -169,6 +169,15 @@ def test_row_logits_puts_the_tap_first_and_only_when_needed(padded) -> None:  # 
     )
     assert [type(p) for p in full.processors] == [LogprobTap, LogitBias, GrammarProcessor]
     assert full.constraint is not None
+    batched = row_logits(
+        OutputParams(response_format=fmt(SCHEMAS[0]["schema"]), logit_bias=((1, 2.0),), logprobs=True),
+        grammars=cache,
+        vocab_size=tok.vocab_size,
+        batched=True,
+    )
+    assert batched.processors == [] and batched.tap is None and batched.constraint is not None
+    with pytest.raises(PromptError):
+        row_logits(OutputParams(logit_bias=((10**6, 1.0),)), grammars=None, vocab_size=tok.vocab_size, batched=True)
 
 
 def test_tap_keeps_raw_logprobs_by_position() -> None:
@@ -194,7 +203,7 @@ def test_one_batch_call_equals_the_row_processors(padded) -> None:  # type: igno
         for s in specs
     ]
     rows_a = [row_logits(o, grammars=cache, vocab_size=tok.vocab_size) for o in outs]
-    rows_b = [row_logits(o, grammars=cache, vocab_size=tok.vocab_size) for o in outs]
+    rows_b = [row_logits(o, grammars=cache, vocab_size=tok.vocab_size, batched=True) for o in outs]
     docs = [tok.ll.tokenize_str(json.dumps(s["example"], separators=(",", ":"))) if s else [] for s in specs]
     batch = BatchLogits(tok)
     contexts = [[1, 2, 3] for _ in specs]

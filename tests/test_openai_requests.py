@@ -331,5 +331,7 @@ def test_response_format_rules() -> None:
     for rf, field, code in cases:
         err = _error(CHAT_URL, {"messages": MESSAGES, "response_format": rf})
         assert (err.field, err.code) == (field, code), str(err)
+    err = _error(CHAT_URL, {"messages": MESSAGES, "response_format": {"type": "json_object"}, "stop": ["}"]})
+    assert (err.field, err.code) == ("body.stop", "conflicting_fields") and "cut the JSON" in err.message
     err = _error(COMPLETIONS_URL, {"prompt": "a", "response_format": {"type": "json_object"}})
     assert err.code == "unsupported_parameter" and "/v1/chat/completions parameter" in err.message

@@ -156,7 +156,9 @@ def test_one_batch_call_per_step_gives_valid_outputs(tiny_loaded, grammar) -> No
     tok, cache = grammar
     specs = [SCHEMAS[i % len(SCHEMAS)] for i in range(10)]
     rows = [
-        row_logits(OutputParams(response_format=schema_format(s)), grammars=cache, vocab_size=tok.vocab_size)
+        row_logits(
+            OutputParams(response_format=schema_format(s)), grammars=cache, vocab_size=tok.vocab_size, batched=True
+        )
         for s in specs
     ]
     prompt = tiny_loaded.tokenizer.encode("extract the record as JSON")

@@ -42,9 +42,8 @@ def model_eos_ids(tokenizer: Any, config: dict[str, Any], vocab_size: int) -> fr
     ids: set[int] = set(getattr(tokenizer, "eos_token_ids", None) or ())
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.add(int(tokenizer.eos_token_id))
-    for key in ("eos_token_id",):
-        value = config.get(key)
-        ids.update(value if isinstance(value, list) else [value] if isinstance(value, int) else [])
+    value = config.get("eos_token_id")
+    ids.update(value if isinstance(value, list) else [value] if isinstance(value, int) else [])
     return frozenset(i for i in ids if 0 <= i < vocab_size)
 
 

@@ -131,23 +131,29 @@ def row_logits(
     grammars: GrammarCache | None,
     vocab_size: int,
     penalties: Sequence[Processor] = (),
+    batched: bool = False,
 ) -> RowLogits:
     """The logits path of one choice: logit_bias, then `penalties` (repetition etc.), then the grammar.
 
     A LogprobTap comes first when logprobs are asked for and anything would change the logits, so returned
-    logprobs are the model's own. Raises PromptError for a bias outside the vocabulary or a grammar that does
-    not compile; `grammars` may be None only for requests without a response_format.
+    logprobs are the model's own. With `batched`, bias and grammar are left to BatchLogits.apply (never both:
+    a grammar must consume each token once) and the step takes raw logprobs before it, so there is no tap.
+    Raises PromptError for a bias outside the vocabulary or a grammar that does not compile; `grammars` may be
+    None only for requests without a response_format.
     """
     row = RowLogits(bias=out.logit_bias)
     if out.logit_bias:
-        row.processors.append(LogitBias(out.logit_bias, vocab_size))
+        check_logit_bias(out.logit_bias, vocab_size)
+        if not batched:
+            row.processors.append(LogitBias(out.logit_bias, vocab_size))
     row.processors.extend(penalties)
     if out.response_format is not None:
         if grammars is None:
             raise ValueError("a response_format needs a GrammarCache")
         row.constraint = grammars.constraint(out.response_format)
-        row.processors.append(GrammarProcessor(row.constraint))
-    if out.logprobs and row.processors:
+        if not batched:
+            row.processors.append(GrammarProcessor(row.constraint))
+    if out.logprobs and row.processors and not batched:
         row.tap = LogprobTap()
         row.processors.insert(0, row.tap)
     return row
@@ -156,9 +162,10 @@ def row_logits(
 class BatchLogits:
     """Bias and mask every row of a decode batch in one call per step.
 
-    `apply(logits, rows, new_tokens)`: `rows[i]` is row i's RowLogits (or None), `new_tokens[i]` the token it
-    sampled last step (None on its first step). Masks are filled for all constrained rows at once (in parallel
-    with an llguidance.LLExecutor) and applied with one mx op; rows without a constraint pass through.
+    `apply(logits, rows, new_tokens)`: `rows[i]` is row i's RowLogits (built with batched=True, or None),
+    `new_tokens[i]` the token it sampled last step (None on its first step). Masks are filled for all
+    constrained rows at once (in parallel with an llguidance.LLExecutor) and applied with one mx op; rows
+    without a constraint pass through.
     """
 
     def __init__(self, tokenizer: GrammarTokenizer, executor: Any | None = None) -> None:
