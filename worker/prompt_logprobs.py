@@ -24,7 +24,7 @@ from omlx_jobs.worker.logprobs import TokenLogprob
 # completions' logprobs go up to 5: keeping 5 alternatives per position serves every echo request.
 TOP_K = 5
 # Positions scored per forward chunk, over all rows: bounds the (rows, positions, vocabulary) logits in memory.
-POSITIONS_PER_STEP = 512
+POSITIONS_PER_STEP = 256
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,19 @@ def _score(logprobs: mx.array, targets: mx.array, top_k: int) -> tuple[np.ndarra
     )
 
 
+def _first_tokens(first: mx.array, logits: mx.array | None, top_k: int) -> tuple[np.ndarray, ...]:
+    """Each prompt's first token, scored from the logits after the prefix (none without a prefix)."""
+    rows = first.shape[0]
+    if logits is None:
+        return (
+            np.full((rows, 1), np.nan, np.float32),
+            np.full((rows, 1, top_k), -1, np.int32),
+            np.full((rows, 1, top_k), np.nan, np.float32),
+        )
+    lsm = log_softmax(logits.reshape(1, 1, -1).astype(mx.float32))
+    return _score(mx.repeat(lsm, rows, axis=0), first, top_k)
+
+
 def prompt_logprobs(
     model: Any,
     prompts: Sequence[Sequence[int]],
@@ -122,8 +135,8 @@ def prompt_logprobs(
     return_caches: bool = False,
     positions_per_step: int = POSITIONS_PER_STEP,
 ) -> list[tuple[PromptLogprobs, mx.array, list[KVCache] | None]]:
-    """Score every token of each prompt in one batched pass; per prompt: its logprobs, the (V,) logits after
-    its last token (where generation starts) and, with return_caches, its own KV caches.
+    """Score every token of each prompt in one batched pass; per prompt: its logprobs, the (V,) float32 logits
+    after its last token (where generation starts) and, with return_caches, its own KV caches.
 
     `prefix`: (caches, logits) of a prefix every prompt continues: its batch-1 KV caches and the logits after
     its last token, which score each prompt's first token. Without one, a prompt's first token has none.
@@ -137,12 +150,7 @@ def prompt_logprobs(
     caches = _tile(prefix[0], rows) if prefix is not None else make_prompt_cache(model)
     parts: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = [[] for _ in prompts]
     last: list[mx.array | None] = [None] * rows
-    if prefix is not None:  # each prompt's first token, scored from the logits after the prefix
-        first = log_softmax(prefix[1].reshape(1, 1, -1).astype(mx.float32))
-        lp, ids, vals = _score(mx.repeat(first, rows, axis=0), padded[:, :1], top_k)
-    else:
-        lp = np.full((rows, 1), np.nan, np.float32)
-        ids, vals = np.full((rows, 1, top_k), -1, np.int32), np.full((rows, 1, top_k), np.nan, np.float32)
+    lp, ids, vals = _first_tokens(padded[:, :1], prefix[1] if prefix is not None else None, top_k)
     for i in range(rows):
         parts[i].append((lp[i], ids[i], vals[i]))
     step = max(1, positions_per_step // rows)
@@ -150,8 +158,8 @@ def prompt_logprobs(
         n = min(step, longest - start)
         logits = model(padded[:, start : start + n], cache=caches)
         for i, length in enumerate(lengths):
-            if start <= length - 1 < start + n:
-                last[i] = logits[i, length - 1 - start]
+            if start <= length - 1 < start + n:  # a copy: a slice would keep the chunk's logits alive
+                last[i] = mx.array(np.array(logits[i, length - 1 - start].astype(mx.float32)))
         # Position j's logits score token j + 1; the chunk's last position scores the next chunk's first token.
         m = min(n, longest - 1 - start)
         if m > 0:
