@@ -35,9 +35,9 @@ TEXTS = [
 
 
 def _load(ref: str) -> Any:
-    from omlx_jobs.worker.model import load
+    from bench.models import load_bench_model
 
-    return load(ref)
+    return load_bench_model(ref)
 
 
 def compile_times(loaded: Any) -> dict[str, Any]:
@@ -82,6 +82,54 @@ def _prompts(loaded: Any, n: int) -> list[tuple[list[int], dict[str, Any]]]:
         ]
         out.append((loaded.encode(CHAT_URL, {"messages": messages}), spec))
     return out
+
+
+def mask_step_cost(tok: Any, cache: Any, batch: int, steps: int, executor: Any) -> dict[str, float]:
+    """The grammar's own cost per decode step at `batch` rows, without the model: rows stepping through their
+    schemas' examples, masked by per-row processors and by one BatchLogits call, on random logits."""
+    import mlx.core as mx
+    import numpy as np
+
+    from omlx_jobs.jobs.params import OutputParams
+    from omlx_jobs.jobs.response_format import ResponseFormat
+    from omlx_jobs.worker.logits import BatchLogits, row_logits
+
+    specs = [SCHEMAS[i % len(SCHEMAS)] for i in range(batch)]
+    docs = [tok.ll.tokenize_str(json.dumps(s["example"], separators=(",", ":"))) for s in specs]
+
+    def rows(batched: bool) -> list[Any]:
+        out = OutputParams
+        return [
+            row_logits(out(response_format=ResponseFormat("json_schema", json.dumps(s["schema"]))),
+                       grammars=cache, vocab_size=tok.vocab_size, batched=batched)
+            for s in specs
+        ]  # fmt: skip
+
+    per_row, batched_rows, masker = rows(False), rows(True), BatchLogits(tok, executor)
+    contexts = [[0] for _ in specs]
+    logits = mx.array(np.random.default_rng(0).normal(size=(batch, tok.vocab_size)).astype(np.float32))
+    mx.eval(logits)
+    times: dict[str, list[float]] = {"rows": [], "batched": []}
+    for step in range(steps):
+        t0 = time.perf_counter()
+        outs = []
+        for i, (r, ctx) in enumerate(zip(per_row, contexts, strict=True)):
+            x = logits[i : i + 1]
+            for p in r.processors:
+                x = p(mx.array(ctx), x)
+            outs.append(x)
+        mx.eval(mx.concatenate(outs))
+        times["rows"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        mx.eval(masker.apply(logits, batched_rows, [c[-1] if step else None for c in contexts]))
+        times["batched"].append(time.perf_counter() - t0)
+        for i, d in enumerate(docs):
+            k = len(contexts[i]) - 1
+            if k >= len(d):  # a finished document: start the row over
+                per_row[i], batched_rows[i], contexts[i] = rows(False)[i], rows(True)[i], [0]
+                continue
+            contexts[i].append(d[k])
+    return {k: round(1000 * statistics.mean(v), 3) for k, v in times.items()}
 
 
 def _masked_generation_batch(rows: dict[int, Any], batch_logits: Any) -> type:
@@ -204,13 +252,15 @@ def grammar_executor(args: argparse.Namespace) -> Any:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="a model reference, e.g. gguf:FILE.gguf")
+    ap.add_argument("--model", required=True, help="tiny (the test model), or a model reference: gguf:FILE.gguf")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--requests", type=int, default=96)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--variants", default="unconstrained,rows,batched")
     ap.add_argument("--threads", type=int, default=1, help="mask-filling threads for the batched variant")
+    ap.add_argument("--mask-steps", type=int, default=200)
+    ap.add_argument("--mask-only", action="store_true", help="compile times and the mask cost, no generation")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
@@ -222,10 +272,15 @@ def main() -> None:
     loaded = _load(args.model)
     report["compile"] = compile_times(loaded)
     print(json.dumps(report["compile"], indent=1), flush=True)
-
     vocab = _vocab(loaded)
     tok = GrammarTokenizer.build(loaded.tokenizer, vocab, model_eos_ids(loaded.tokenizer, loaded.config, vocab))
     grammar = (tok, GrammarCache(tok))
+    report["mask_ms_per_step"] = mask_step_cost(tok, grammar[1], args.batch, args.mask_steps, grammar_executor(args))
+    print("mask ms per step (no model):", report["mask_ms_per_step"], flush=True)
+    if args.mask_only:
+        _write(report, args)
+        return
+
     prompts = _prompts(loaded, args.requests)
     variants = args.variants.split(",")
     run_variant(loaded, prompts[: args.batch // 4], "rows", args, grammar)  # warm-up, unmeasured
@@ -242,7 +297,6 @@ def main() -> None:
     report["ms_per_step_median"] = {v: statistics.median(r["ms_per_step"] for r in rs) for v, rs in runs.items()}
     if base:
         report["slowdown_vs_unconstrained"] = {v: round(1 - s / base, 4) for v, s in summary.items()}
-    report["load_after"] = os.getloadavg()
     print(
         json.dumps(
             {
@@ -252,6 +306,11 @@ def main() -> None:
             }
         )
     )
+    _write(report, args)
+
+
+def _write(report: dict[str, Any], args: argparse.Namespace) -> None:
+    report["load_after"] = os.getloadavg()
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
 
