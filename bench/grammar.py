@@ -11,7 +11,11 @@
    - batched: json_schema through one BatchLogits.apply per decode step, the forward pass dispatched before
      the masks are filled so the two overlap (a GenerationBatch whose step does this; phase 2's backend adapter
      owns that step for real).
-   Variants alternate within each round, so load changes hit them alike. Read tok/s and the ratios.
+   The variants run side by side, a few decode steps each in turn, so load changes hit them alike.
+3. The grammar's own cost per step at the batch size, without the model (per-row processors, one call).
+
+On a GPU host without network (wheels staged in /tmp/site: llguidance; jsonschema optional):
+    PYTHONPATH=/tmp/site:$PWD python3 bench/grammar.py --model tiny --requests 64 --max-tokens 64
 """
 
 from __future__ import annotations
@@ -21,10 +25,13 @@ import contextlib
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ and tests/ as packages
 
 SCHEMAS = json.loads((Path(__file__).parent.parent / "tests/data/schemas/schemas.json").read_text())["schemas"]
 TEXTS = [
@@ -247,9 +254,19 @@ class Run:
             self.gen.close()
 
     def result(self) -> dict[str, Any]:
-        import jsonschema
-
         st = self.stats
+        return {
+            **self._timing(st),
+            "valid_json": self._valid(),
+            "finish": {k: list(self.reasons.values()).count(k) for k in sorted(set(self.reasons.values()))},
+        }
+
+    def _valid(self) -> int | None:
+        """Outputs that parse and match their schema; None where jsonschema is not installed (a bare GPU host)."""
+        try:
+            import jsonschema
+        except ImportError:
+            return None
         valid = 0
         for u, (_, spec) in zip(self.uids, self.prompts, strict=True):
             try:
@@ -257,6 +274,9 @@ class Run:
                 valid += 1
             except (ValueError, jsonschema.ValidationError):
                 pass
+        return valid
+
+    def _timing(self, st: Any) -> dict[str, Any]:
         return {
             "wall_s": round(self.wall, 3),
             "prefill_s": round(st.prompt_time, 3),
@@ -265,8 +285,6 @@ class Run:
             "ms_per_step": round(1000 * st.decode_time / max(st.generation_steps, 1), 2),
             "generated_tokens": st.generation_tokens,
             "decode_tok_per_s": round(st.generation_tokens / max(st.decode_time, 1e-9), 2),
-            "valid_json": valid,
-            "finish": {k: list(self.reasons.values()).count(k) for k in sorted(set(self.reasons.values()))},
         }
 
 

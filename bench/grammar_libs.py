@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ and tests/ as packages
+
 import numpy as np
 
 SCHEMAS = json.loads((Path(__file__).parent.parent / "tests/data/schemas/schemas.json").read_text())["schemas"]

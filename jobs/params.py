@@ -1,4 +1,4 @@
-"""Generation parameters: validation of a request body's parameters, and SamplingParams. Pure logic."""
+"""Generation parameters: validation of a request body's parameters, SamplingParams and OutputParams. Pure logic."""
 
 from __future__ import annotations
 
