@@ -32,6 +32,8 @@ class ErrorCode(str, Enum):
     CONFLICTING_FIELDS = "conflicting_fields"
     INVALID_ROLE = "invalid_role"
     UNSUPPORTED_CONTENT = "unsupported_content"
+    UNSUPPORTED_SCHEMA = "unsupported_schema"
+    INVALID_SCHEMA = "invalid_schema"
     DUPLICATE_CUSTOM_ID = "duplicate_custom_id"
     EMPTY_FILE = "empty_file"
     # image_url parts (jobs/images.py)
@@ -51,6 +53,9 @@ class ErrorCode(str, Enum):
     IMAGE_TOO_MANY_PIXELS = "image_too_many_pixels"
     IMAGE_UNREACHABLE = "image_unreachable"
     IMAGES_NOT_SUPPORTED = "images_not_supported"
+    # A request's grammar or logit_bias cannot be built for the worker's model (worker/grammar.py, logits.py).
+    GRAMMAR_ERROR = "grammar_error"
+    INVALID_LOGIT_BIAS = "invalid_logit_bias"
     # Failures of ours (the engine, a lost worker): retrying can help.
     SERVER_ERROR = "server_error"
     ENGINE_ERROR = "engine_error"
@@ -89,6 +94,8 @@ INPUT_ERROR_CODES = frozenset(
         ErrorCode.CONFLICTING_FIELDS,
         ErrorCode.INVALID_ROLE,
         ErrorCode.UNSUPPORTED_CONTENT,
+        ErrorCode.UNSUPPORTED_SCHEMA,
+        ErrorCode.INVALID_SCHEMA,
         ErrorCode.DUPLICATE_CUSTOM_ID,
         ErrorCode.EMPTY_FILE,
         ErrorCode.INVALID_IMAGE_URL,

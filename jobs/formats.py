@@ -27,6 +27,8 @@ from omlx_jobs.jobs.errors import (
 from omlx_jobs.jobs.images import ImageAccess
 from omlx_jobs.jobs.lines import MAX_LINE_BYTES, iter_lines
 from omlx_jobs.jobs.params import (
+    CHAT_URL,
+    COMPLETIONS_URL,
     DEFAULT_MAX_TOKENS,
     MAX_N,
     MAX_STOP_CHARS,
@@ -39,8 +41,6 @@ from omlx_jobs.jobs.params import (
 )
 from omlx_jobs.jobs.parts import parse_content
 
-CHAT_URL = "/v1/chat/completions"
-COMPLETIONS_URL = "/v1/completions"
 ENDPOINTS = (CHAT_URL, COMPLETIONS_URL)
 MAX_CUSTOM_ID_CHARS = 512
 ROLES = ("system", "developer", "user", "assistant")
@@ -288,7 +288,7 @@ def _openai_line(obj: dict[str, Any], images: ImageAccess) -> tuple[str, dict[st
             )
         if "messages" not in body:
             raise BadValue(ErrorCode.MISSING_FIELD, "body.messages", f"is missing; {CHAT_URL} needs a list of messages")
-        return url, {"messages": _messages(body["messages"], "body.", images), **validate_params(body, "body.")}
+        return url, {"messages": _messages(body["messages"], "body.", images), **validate_params(body, "body.", url)}
     if "messages" in body:
         raise BadValue(
             ErrorCode.ENDPOINT_MISMATCH,
@@ -297,7 +297,7 @@ def _openai_line(obj: dict[str, Any], images: ImageAccess) -> tuple[str, dict[st
         )
     if "prompt" not in body:
         raise BadValue(ErrorCode.MISSING_FIELD, "body.prompt", f"is missing; {COMPLETIONS_URL} needs a prompt")
-    return url, {"prompt": _prompt(body["prompt"], "body."), **validate_params(body, "body.")}
+    return url, {"prompt": _prompt(body["prompt"], "body."), **validate_params(body, "body.", url)}
 
 
 def _shorthand_line(obj: dict[str, Any], images: ImageAccess) -> tuple[str, dict[str, Any]]:
@@ -307,9 +307,9 @@ def _shorthand_line(obj: dict[str, Any], images: ImageAccess) -> tuple[str, dict
     if has_messages and has_prompt:
         raise BadValue(ErrorCode.CONFLICTING_FIELDS, "prompt", "give either prompt or messages, not both")
     if has_messages:
-        return CHAT_URL, {"messages": _messages(rest["messages"], "", images), **validate_params(rest, "")}
+        return CHAT_URL, {"messages": _messages(rest["messages"], "", images), **validate_params(rest, "", CHAT_URL)}
     if has_prompt:
-        return COMPLETIONS_URL, {"prompt": _prompt(rest["prompt"], ""), **validate_params(rest, "")}
+        return COMPLETIONS_URL, {"prompt": _prompt(rest["prompt"], ""), **validate_params(rest, "", COMPLETIONS_URL)}
     raise BadValue(
         ErrorCode.MISSING_FIELD,
         None,

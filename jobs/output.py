@@ -8,6 +8,7 @@ from typing import Any
 
 from omlx_jobs.errors import SERVER_ERROR_CODES, ErrorCode
 from omlx_jobs.jobs.formats import CHAT_URL
+from omlx_jobs.jobs.logprobs import choice_logprobs
 from omlx_jobs.store.rows import RESULT_COLUMNS
 
 # The request columns an output line reads: export asks the store for these only (never the prompt bodies).
@@ -49,6 +50,13 @@ def _choices(row: Any) -> list[tuple[str, str | None]]:
 def response_body(row: Any, model: str) -> dict[str, Any]:
     """The `chat.completion` or `text_completion` object of a completed request."""
     created = int(row.finished_at or 0)
+    # Stored logprobs (worker/logprobs.py) only where they were asked for; every other choice says null.
+    # getattr: the store gains its logprobs column in issue 12's second phase.
+    logprobs = choice_logprobs(getattr(row, "logprobs", None), chat=row.endpoint == CHAT_URL)
+
+    def lp(i: int) -> dict[str, Any] | None:
+        return logprobs[i] if i < len(logprobs) else None
+
     if row.endpoint == CHAT_URL:
         return {
             "id": f"chatcmpl-{row.id}",
@@ -59,7 +67,7 @@ def response_body(row: Any, model: str) -> dict[str, Any]:
                 {
                     "index": i,
                     "message": {"role": "assistant", "content": text},
-                    "logprobs": None,
+                    "logprobs": lp(i),
                     "finish_reason": reason,
                 }
                 for i, (text, reason) in enumerate(_choices(row))
@@ -72,7 +80,7 @@ def response_body(row: Any, model: str) -> dict[str, Any]:
         "created": created,
         "model": model,
         "choices": [
-            {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+            {"index": i, "text": text, "logprobs": lp(i), "finish_reason": reason}
             for i, (text, reason) in enumerate(_choices(row))
         ],
         "usage": _usage(row),

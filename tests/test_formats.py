@@ -170,7 +170,21 @@ ERRORS = [
     ('{"prompt": "a", "model": ["m"]}', "model", "invalid_type", "must be a string"),
     ('{"prompt": "a", "tools": []}', "tools", "unsupported_parameter", "remove it. Supported: max_tokens"),
     ('{"prompt": "a", "maxtokens": 5}', "maxtokens", "unsupported_parameter", "did you mean 'max_tokens'?"),
-    (chat(USER, logit_bias={}), "body.logit_bias", "unsupported_parameter", "'logit_bias'"),
+    (chat(USER, logit_bias={"x": 1}), "body.logit_bias.x", "invalid_value", "token ids written as strings"),
+    (
+        chat(
+            USER, response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": {"uniqueItems": True}}}
+        ),
+        "body.response_format.json_schema.schema.uniqueItems",
+        "unsupported_schema",
+        "uses 'uniqueItems'",
+    ),
+    (
+        chat(USER, response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": 1}}}),
+        "body.response_format.json_schema.schema",
+        "invalid_schema",
+        "type must be a string",
+    ),
 ]
 
 

@@ -39,8 +39,12 @@ def build_tiny_model(
     num_layers: int = 2,
     context_length: int = 512,
     seed: int = 0,
+    vocab_padding: int = 0,
 ) -> Path:
-    """Write config.json, model.safetensors and a tokenizer into `path`; return it."""
+    """Write config.json, model.safetensors and a tokenizer into `path`; return it.
+
+    `vocab_padding` adds logits past the tokenizer's vocabulary, as many real models have (rounded-up sizes).
+    """
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.models import qwen3
@@ -89,7 +93,7 @@ def build_tiny_model(
         "num_key_value_heads": 2,
         "head_dim": hidden_size // 4,
         "rms_norm_eps": 1e-6,
-        "vocab_size": real_vocab,
+        "vocab_size": real_vocab + vocab_padding,
         "max_position_embeddings": context_length,
         "rope_theta": 10000.0,
         "tie_word_embeddings": False,
