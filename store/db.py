@@ -26,11 +26,13 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 
+from omlx_jobs.store import schema
 from omlx_jobs.store import statements as st
-from omlx_jobs.store.errors import JobNotFound, StoreError, retrying, safe_url
-from omlx_jobs.store.models import FINAL_REQUEST_STATUSES, Base, Job, Request, RequestStatus
+from omlx_jobs.store.errors import JobNotFound, StoreError, StoreMissing, is_data_error, retrying, safe_url
+from omlx_jobs.store.models import FINAL_REQUEST_STATUSES, Job, Request, RequestStatus, ShardRun
+from omlx_jobs.store.shards import ShardStore
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -58,9 +60,10 @@ def default_database_url(db_path: str | os.PathLike[str] | None = None) -> str:
     return f"sqlite:///{(data_dir() / DB_FILENAME).resolve()}"
 
 
-def open_store(url: str | None = None, db_path: str | os.PathLike[str] | None = None) -> Store:
-    """Open (and create if needed) the store at `url`, or the default location."""
-    return Store(url or default_database_url(db_path))
+def open_store(url: str | None = None, db_path: str | os.PathLike[str] | None = None, *, create: bool = True) -> Store:
+    """Open the store at `url`, or the default location; with create=False a missing database is an error
+    (StoreMissing) rather than a new empty file: read-only commands must not leave one behind."""
+    return Store(url or default_database_url(db_path), create=create)
 
 
 @dataclass(frozen=True)
@@ -113,15 +116,19 @@ class PendingRequest:
     endpoint: str
     body: dict[str, Any]
     attempts: int
+    pos: int | None = None
 
+
+UNSTORABLE = "unstorable_result"
+"""The error code of a result the database refused (its data, not the database, was the problem)."""
 
 _JOB_COLUMNS = [c.name for c in Job.__table__.columns]
 
 
-class Store:
-    """All reads and writes of jobs and requests."""
+class Store(ShardStore):
+    """All reads and writes of jobs and requests (shards and shard runs: ShardStore)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, create: bool = True) -> None:
         self.url = url
         parsed = make_url(url)
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
@@ -129,6 +136,11 @@ class Store:
         if self.is_sqlite:
             database = parsed.database
             if database and database != ":memory:" and not database.startswith("file:"):
+                if not create and not Path(database).exists():
+                    raise StoreMissing(
+                        f"no database at {database}: nothing was submitted there yet. Point --db (or "
+                        "OMLX_JOBS_DB / OMLX_JOBS_DATABASE_URL) at the database `submit` used"
+                    )
                 _create_private_file(Path(database))
             kwargs["connect_args"] = {"timeout": 30}
         else:
@@ -139,17 +151,16 @@ class Store:
             raise StoreError(f"cannot open the database {safe_url(url)}: {exc}") from exc
         if self.is_sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        self._create_tables()
+        self._upgrade(create)
 
     @retrying
-    def _create_tables(self) -> None:
-        try:
-            Base.metadata.create_all(self.engine)
-        except OperationalError as exc:
-            # Two processes starting on a fresh database race to create the tables; the loser looks again.
-            if "already exists" not in str(exc):
-                raise
-            Base.metadata.create_all(self.engine)
+    def _upgrade(self, create: bool) -> None:
+        """Migrate to the current schema (store/schema.py); a read-only open of an empty database stops."""
+        if not create:
+            with self.engine.connect() as conn:
+                if not schema.has_tables(conn):
+                    raise StoreMissing(f"the database {safe_url(self.url)} holds no omlx-jobs tables yet")
+        schema.upgrade(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -202,6 +213,14 @@ class Store:
         with self.engine.connect() as conn:
             rows = conn.execute(select(Job.__table__).order_by(Job.created_at.desc()).limit(limit)).mappings()
             return [JobInfo(**{**dict(r), "options": r["options"] or {}}) for r in rows]
+
+    @retrying
+    def delete_job(self, job_id: str) -> None:
+        """Remove a job with its requests, shards and runs (an interrupted submit rolls back this way)."""
+        with self.engine.begin() as conn:
+            for table in (Request, ShardRun):
+                conn.execute(delete(table).where(table.job_id == job_id))
+            conn.execute(delete(Job).where(Job.id == job_id))  # shards go with it (ON DELETE CASCADE)
 
     @retrying
     def update_job(self, job_id: str, **fields: Any) -> None:
@@ -286,36 +305,74 @@ class Store:
         """Store one finished request (see record_completions)."""
         return self.record_completions([{"id": request_id, **fields}]) == 1
 
-    @retrying
-    def record_completions(self, results: list[dict[str, Any]]) -> int:
+    def record_completions(self, results: list[dict[str, Any]], *, run_id: int | None = None) -> int:
         """Store finished requests in one transaction; returns how many were stored.
 
         Each dict has id, output_text, finish_reason, prompt_tokens, cached_tokens, completion_tokens and
         optionally more_choices and started_at. Only a pending request takes a result, so there is never a
-        second one.
+        second one. `run_id` (a shard run) is recorded with each result and counts them.
+
+        A result whose data the database refuses (a value out of range, say) is not a store failure: the
+        batch is stored row by row, and each refused request fails alone with `unstorable_result`.
         """
-        now = time.time()
+        try:
+            return self._record_completions(results, run_id)
+        except _RowRefused:
+            pass
         stored = 0
-        with self.engine.begin() as conn:
-            for r in results:
-                stored += conn.execute(
-                    st.COMPLETE,
-                    {
-                        "rid": r["id"],
-                        "output_text": r["output_text"],
-                        "more_choices": r.get("more_choices"),
-                        "finish_reason": r["finish_reason"],
-                        "prompt_tokens": r["prompt_tokens"],
-                        "cached_tokens": r["cached_tokens"],
-                        "completion_tokens": r["completion_tokens"],
-                        "started": r.get("started_at"),
-                        "finished_at": now,
-                    },
-                ).rowcount
+        for r in results:
+            try:
+                stored += self._record_completions([r], run_id)
+            except _RowRefused as refused:
+                message = (
+                    f"the database refused this result ({refused.reason}); nothing was stored for it. "
+                    "Run `omlx-jobs retry JOB` to generate it again"
+                )
+                self.record_failure(r["id"], UNSTORABLE, message, prompt_tokens=None, run_id=run_id)
         return stored
 
     @retrying
-    def record_failure(self, request_id: int, code: str, message: str, *, prompt_tokens: int | None = None) -> bool:
+    def _record_completions(self, results: list[dict[str, Any]], run_id: int | None) -> int:
+        now = time.time()
+        stored = 0
+        try:
+            with self.engine.begin() as conn:
+                for r in results:
+                    stored += conn.execute(
+                        st.COMPLETE,
+                        {
+                            "rid": r["id"],
+                            "output_text": r["output_text"],
+                            "more_choices": r.get("more_choices"),
+                            "finish_reason": r["finish_reason"],
+                            "prompt_tokens": r["prompt_tokens"],
+                            "cached_tokens": r["cached_tokens"],
+                            "completion_tokens": r["completion_tokens"],
+                            "started": r.get("started_at"),
+                            "finished_at": now,
+                            "run_id": run_id,
+                        },
+                    ).rowcount
+                if run_id is not None and stored:
+                    conn.execute(
+                        update(ShardRun).where(ShardRun.id == run_id).values(completed=ShardRun.completed + stored)
+                    )
+        except Exception as exc:
+            if is_data_error(exc):
+                raise _RowRefused(exc) from exc
+            raise
+        return stored
+
+    @retrying
+    def record_failure(
+        self,
+        request_id: int,
+        code: str,
+        message: str,
+        *,
+        prompt_tokens: int | None = None,
+        run_id: int | None = None,
+    ) -> bool:
         """Mark a pending request failed with a typed error code."""
         with self.engine.begin() as conn:
             res = conn.execute(
@@ -327,8 +384,11 @@ class Store:
                     error_message=message,
                     prompt_tokens=prompt_tokens,
                     finished_at=time.time(),
+                    run_id=run_id,
                 )
             )
+            if run_id is not None and res.rowcount:
+                conn.execute(update(ShardRun).where(ShardRun.id == run_id).values(failed=ShardRun.failed + 1))
             return res.rowcount > 0
 
     @retrying
@@ -376,10 +436,10 @@ class Store:
 
     @retrying
     def pending_requests(self, job_id: str, start: int = 0, end: int | None = None) -> list[PendingRequest]:
-        """Requests of the shard [start, end) that have no final result yet, in input order."""
-        cond = [Request.job_id == job_id, Request.status == RequestStatus.PENDING, Request.idx >= start]
+        """Requests of the shard [start, end) of prefix order (pos) without a final result, in that order."""
+        cond = [Request.job_id == job_id, Request.status == RequestStatus.PENDING, Request.pos >= start]
         if end is not None:
-            cond.append(Request.idx < end)
+            cond.append(Request.pos < end)
         cols = (
             Request.id,
             Request.idx,
@@ -388,9 +448,10 @@ class Store:
             Request.endpoint,
             Request.body,
             Request.attempts,
+            Request.pos,
         )
         with self.engine.connect() as conn:
-            rows = conn.execute(select(*cols).where(and_(*cond)).order_by(Request.idx))
+            rows = conn.execute(select(*cols).where(and_(*cond)).order_by(Request.pos))
             return [PendingRequest(*r) for r in rows]
 
     @retrying
@@ -476,6 +537,15 @@ class Store:
         with self.engine.connect() as conn:
             rows = conn.execute(select(Request.custom_id, Request.status).where(Request.job_id == job_id))
             return {r[0]: r[1] for r in rows}
+
+
+class _RowRefused(Exception):
+    """The database refused a row's data; record_completions then stores the batch row by row."""
+
+    def __init__(self, exc: BaseException) -> None:
+        text = str(getattr(exc, "orig", None) or exc)
+        self.reason = (text.splitlines() or [type(exc).__name__])[0][:300]
+        super().__init__(self.reason)
 
 
 def _chunks(items: list[int], n: int) -> Iterator[list[int]]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from omlx_jobs.store.textcodec import SafeText
 
 
 class RequestStatus:
@@ -55,23 +57,26 @@ class Job(Base):
 
 
 class Request(Base):
-    """One input line. `idx` is its 0-based position in the file's request order; shards are idx ranges."""
+    """One input line. `idx` is its 0-based position in the file (results come back in idx order); `pos` its
+    position in prefix order (requests sharing a prompt prefix are adjacent), and shards are pos ranges."""
 
     __tablename__ = "requests"
     __table_args__ = (
         Index("ix_requests_job_idx", "job_id", "idx", unique=True),
         Index("ix_requests_job_status", "job_id", "status"),
+        Index("ix_requests_job_pos", "job_id", "pos"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     idx: Mapped[int] = mapped_column(Integer)
     line: Mapped[int] = mapped_column(Integer)
-    custom_id: Mapped[str] = mapped_column(Text)
+    custom_id: Mapped[str] = mapped_column(SafeText)
     endpoint: Mapped[str] = mapped_column(String(64))
     body: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     status: Mapped[str] = mapped_column(String(16), default=RequestStatus.PENDING)
-    output_text: Mapped[str | None] = mapped_column(Text, default=None)
+    # Model output and error text may hold NUL: SafeText stores it on every backend (store/textcodec.py).
+    output_text: Mapped[str | None] = mapped_column(SafeText, default=None)
     # Choices after the first, for n > 1: [{"text": ..., "finish_reason": ...}, ...].
     more_choices: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, default=None)
     finish_reason: Mapped[str | None] = mapped_column(String(16), default=None)
@@ -79,8 +84,61 @@ class Request(Base):
     cached_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
     completion_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
     error_code: Mapped[str | None] = mapped_column(String(64), default=None)
-    error_message: Mapped[str | None] = mapped_column(Text, default=None)
+    error_message: Mapped[str | None] = mapped_column(SafeText, default=None)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, default=None)
     finished_at: Mapped[float | None] = mapped_column(Float, default=None)
+    pos: Mapped[int | None] = mapped_column(Integer, default=None)
+    # The prefix-order key of submit (jobs/sharding.py): compact chunk hashes of the canonical prompt text.
+    sort_key: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    # The shard run (worker and model) that produced the result.
+    run_id: Mapped[int | None] = mapped_column(Integer, default=None)
+
+
+class Shard(Base):
+    """A contiguous range [first_pos, end_pos) of a job's prefix order: the unit a worker takes from the queue.
+
+    group_first / group_last number the prefix groups of its first and last request (a group is a run of
+    requests sharing at least one key chunk); lead_rows / tail_rows count the requests of those groups in it.
+    A worker records the shard's trie minimum and the common token prefixes of those two groups once, so the
+    job's minimum subtracts what adjacent shards share (jobs/accounting.py).
+    """
+
+    __tablename__ = "shards"
+    __table_args__ = (Index("ix_shards_job_first", "job_id", "first_pos", unique=True),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    first_pos: Mapped[int] = mapped_column(Integer)
+    end_pos: Mapped[int] = mapped_column(Integer)
+    group_first: Mapped[int] = mapped_column(Integer, default=0)
+    group_last: Mapped[int] = mapped_column(Integer, default=0)
+    lead_rows: Mapped[int] = mapped_column(Integer, default=0)
+    tail_rows: Mapped[int] = mapped_column(Integer, default=0)
+    trie_min_tokens: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    lead_tokens: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    tail_tokens: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    # Runs that failed before any of its requests started (planning, a bad row): bounded, see worker/shard.py.
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(SafeText, default=None)
+
+
+class ShardRun(Base):
+    """One worker's run of one shard: who ran it, on which model, and how many requests it finished."""
+
+    __tablename__ = "shard_runs"
+    __table_args__ = (Index("ix_shard_runs_job", "job_id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    first_pos: Mapped[int] = mapped_column(Integer)
+    end_pos: Mapped[int | None] = mapped_column(Integer, default=None)
+    worker: Mapped[str] = mapped_column(String(255))
+    model: Mapped[str] = mapped_column(String(1024))
+    started_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float, default=None)
+    completed: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    outcome: Mapped[str] = mapped_column(String(32), default="running")
+    error: Mapped[str | None] = mapped_column(SafeText, default=None)
