@@ -9,6 +9,7 @@ from typing import Any
 
 from omlx_jobs.store import Store
 from omlx_jobs.store.db import JobCounts, JobInfo
+from omlx_jobs.store.shards import WorkerShare
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,19 @@ def finalize_if_done(store: Store, job_id: str) -> str:
     return store.get_job(job_id).status
 
 
-def summarize(job: JobInfo, counts: JobCounts, now: float | None = None) -> dict[str, Any]:
-    """A JSON-ready view of a job: OpenAI-style fields plus tokens, throughput, ETA and prefix efficiency."""
+def summarize(
+    job: JobInfo,
+    counts: JobCounts,
+    now: float | None = None,
+    *,
+    workers: list[WorkerShare] | None = None,
+    serving: int | None = None,
+) -> dict[str, Any]:
+    """A JSON-ready view of a job: OpenAI-style fields plus tokens, throughput, ETA and prefix efficiency.
+
+    `workers`: who ran the job's shards, with their request counts; `serving`: how many live workers listen
+    on the job's queue (None when Redis was not asked).
+    """
     now = time.time() if now is None else now
     done = counts.completed + counts.failed + counts.cancelled
     start = counts.first_started_at
@@ -106,6 +118,19 @@ def summarize(job: JobInfo, counts: JobCounts, now: float | None = None) -> dict
             "cache_peak_bytes": job.cache_peak_bytes,
         },
         "errors": job.errors,
+        "priority": job.options.get("priority", "normal"),
+        "queue": job.queue,
+        "workers": [
+            {
+                "worker": w.worker,
+                "model": w.model,
+                "completed": w.completed,
+                "failed": w.failed,
+                "shard_runs": w.shard_runs,
+            }
+            for w in workers or []
+        ],
+        "live_workers": serving,
     }
 
 

@@ -10,7 +10,17 @@ from omlx_jobs.jobs.formats import CHAT_URL
 
 # Failures of ours (the engine, a lost worker): retrying can help. Every other code means the request itself
 # is wrong (input validation, a prompt over the context), reported as a 400 like OpenAI does.
-SERVER_ERROR_CODES = frozenset({"server_error", "engine_error", "too_many_attempts", "worker_lost", "timeout"})
+SERVER_ERROR_CODES = frozenset(
+    {
+        "server_error",
+        "engine_error",
+        "too_many_attempts",
+        "worker_lost",
+        "timeout",
+        "shard_failed",  # its shard failed before starting any request, too often (worker/shard.py)
+        "unstorable_result",  # the database refused the result's data (store/db.py)
+    }
+)
 
 
 # The request columns an output line reads: export asks the store for these only (never the prompt bodies).
@@ -29,6 +39,7 @@ OUTPUT_COLUMNS = (
     "error_code",
     "error_message",
     "finished_at",
+    "run_id",
 )
 
 # One encoder for every line: json.dumps with options builds a new one per call.
@@ -140,10 +151,18 @@ def output_line(row: Any, job_id: str, model: str) -> tuple[dict[str, Any], bool
     )
 
 
-def output_lines(rows: Iterable[Any], job_id: str, model: str) -> Iterator[tuple[str, bool]]:
-    """Serialized output lines (without newline) for the final rows, in the order given; pending rows skipped."""
+def output_lines(
+    rows: Iterable[Any], job_id: str, model: str, models: dict[int, str] | None = None
+) -> Iterator[tuple[str, bool]]:
+    """Serialized output lines (without newline) for the final rows, in the order given; pending rows skipped.
+
+    `models` maps a row's run_id to the model that run served: a result names the model that actually ran
+    (the job's `model` for rows without a run).
+    """
+    models = models or {}
     for row in rows:
         if row.status == "pending":
             continue
-        obj, is_error = output_line(row, job_id, model)
+        run_id = getattr(row, "run_id", None)
+        obj, is_error = output_line(row, job_id, models.get(run_id, model) if run_id is not None else model)
         yield _encode(obj), is_error

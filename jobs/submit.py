@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,7 +12,9 @@ from typing import IO, Any
 
 from omlx_jobs.jobs import lifecycle
 from omlx_jobs.jobs.formats import InputError, parse_stream
+from omlx_jobs.jobs.sharding import DEFAULT_SHARD_SIZE, cut_shards, request_key
 from omlx_jobs.store import RequestStatus, Store
+from omlx_jobs.store.shards import ShardCut
 
 MAX_REPORTED_ERRORS = 1000
 INSERT_CHUNK = 2000
@@ -91,15 +94,52 @@ def load_job(
     skip_invalid: bool = False,
     queue: str | None = None,
     job_id: str | None = None,
+    shard_size: int | None = None,
+    options: dict[str, Any] | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> LoadResult:
-    """Create a job and its request rows from a JSONL stream; never holds the whole file in memory.
+    """Create a job and its request rows from a JSONL stream, in prefix order, cut into shards; never holds
+    the whole file in memory (the database sorts the keys).
 
     With bad lines and no `skip_invalid`, the job is marked failed with the errors and keeps no requests.
+    If loading stops midway (Ctrl-C, a signal, an error), the job is removed again: none is left half-made.
     """
     job_id = job_id or lifecycle.new_job_id()
     name = str(Path(source).resolve()) if isinstance(source, Path) else getattr(source, "name", None)
-    store.create_job(job_id, model, queue=queue, input_file=name, options={"skip_invalid": skip_invalid})
+    # Opened before the job exists: opening a FIFO blocks until a writer comes, and Ctrl-C may come first.
+    stream = open(source, "rb") if isinstance(source, Path) else source  # noqa: SIM115
+    try:
+        opts = {"skip_invalid": skip_invalid, **(options or {})}
+        store.create_job(job_id, model, queue=queue, input_file=name, options=opts)
+        try:
+            result = _load_rows(store, stream, job_id, skip_invalid, on_progress)
+            if not result.rejected:
+                cut_job(store, job_id, shard_size or DEFAULT_SHARD_SIZE)
+                store.update_job(job_id, total=result.total, errors=[e.to_dict() for e in result.errors] or None)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the store may be what failed; the original error matters
+                store.delete_job(job_id)
+            raise
+    finally:
+        if stream is not source:
+            stream.close()
+    return result
+
+
+def cut_job(store: Store, job_id: str, shard_size: int) -> int:
+    """Number the job's requests in prefix order and store its shards; returns how many shards."""
+    store.assign_positions(job_id)
+    cuts = [
+        ShardCut(c.first, c.end, c.group_first, c.group_last, c.lead_rows, c.tail_rows)
+        for c in cut_shards(store.iter_sort_keys(job_id), shard_size)
+    ]
+    store.add_shards(job_id, cuts)
+    return len(cuts)
+
+
+def _load_rows(
+    store: Store, stream: IO[bytes], job_id: str, skip_invalid: bool, on_progress: Callable[[int], None] | None
+) -> LoadResult:
     result = LoadResult(job_id)
     rows: list[dict[str, Any]] = []
     writer = _ChunkWriter(store)
@@ -112,7 +152,6 @@ def load_job(
         if on_progress:
             on_progress(result.total)
 
-    stream = open(source, "rb") if isinstance(source, Path) else source  # noqa: SIM115
     try:
         for item in parse_stream(stream):
             if isinstance(item, InputError):
@@ -135,6 +174,7 @@ def load_job(
                         "endpoint": item.endpoint,
                         "body": item.body,
                         "status": RequestStatus.PENDING,
+                        "sort_key": request_key(item.endpoint, item.body),
                     }
                 )
             result.total += 1
@@ -143,8 +183,6 @@ def load_job(
         flush()
     finally:
         writer.close()
-        if stream is not source:
-            stream.close()
     writer.check()
 
     if result.valid + result.invalid == 0:
@@ -156,8 +194,6 @@ def load_job(
         store.update_job(job_id, total=0, errors=[e.to_dict() for e in result.errors])
         store.transition(job_id, lifecycle.FAILED)
         result.total = 0
-        return result
-    store.update_job(job_id, total=result.total, errors=[e.to_dict() for e in result.errors] or None)
     return result
 
 

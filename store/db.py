@@ -392,6 +392,21 @@ class Store(ShardStore):
             return res.rowcount > 0
 
     @retrying
+    def fail_pending(self, job_id: str, start: int, end: int, code: str, message: str) -> int:
+        """Fail every pending request with position in [start, end) with one error; returns how many."""
+        with self.engine.begin() as conn:
+            return conn.execute(
+                update(Request)
+                .where(
+                    Request.job_id == job_id,
+                    Request.status == RequestStatus.PENDING,
+                    Request.pos >= start,
+                    Request.pos < end,
+                )
+                .values(status=RequestStatus.FAILED, error_code=code, error_message=message, finished_at=time.time())
+            ).rowcount
+
+    @retrying
     def cancel_pending(self, job_id: str, request_ids: list[int] | None = None) -> int:
         """Mark pending requests of a job (or just `request_ids`) cancelled; returns how many."""
         now = time.time()

@@ -5,22 +5,33 @@ Used by the RQ entry point (worker) and by `omlx-jobs run` (local, no Redis) ali
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from omlx_jobs.jobs import lifecycle
 from omlx_jobs.jobs.formats import SamplingParams
-from omlx_jobs.store import Store
+from omlx_jobs.store import Store, StoreError
+from omlx_jobs.store.db import PendingRequest
+from omlx_jobs.store.shards import ShardInfo
 from omlx_jobs.worker.engine import Control, Engine, ItemResult, RunStats, WorkItem
 from omlx_jobs.worker.model import PromptError
+from omlx_jobs.worker.planner import token_key
 
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 10
 """A request started this many times without a result (worker crashes, engine errors) fails for good."""
 STATUS_POLL_SECONDS = 1.0
+MAX_SHARD_FAILURES = 3
+"""A shard that failed this many times before any request started (planning, a bad row) is given up:
+its pending requests fail with SHARD_FAILED instead of going back to the queue without end."""
+SHARD_FAILED = "shard_failed"
 
 
 @dataclass
@@ -79,8 +90,14 @@ def run_shard(
     *,
     control: Callable[[], Control] | None = None,
     on_progress: Callable[[int], None] | None = None,
+    worker: str | None = None,
+    meter: Callable[[int, int], None] | None = None,
 ) -> ShardOutcome:
-    """Generate every pending request of job `job_id` with position in [start, end)."""
+    """Generate every pending request of job `job_id` with position (prefix order) in [start, end).
+
+    `worker` names who runs it (recorded with the results, and the model it serves); `meter` gets
+    (requests, completion tokens) as results are committed.
+    """
     outcome = ShardOutcome(job_id, start, end if end is not None else -1)
     job = store.get_job(job_id)
     if job.status in lifecycle.TERMINAL:
@@ -90,10 +107,65 @@ def run_shard(
         lifecycle.finalize_if_done(store, job_id)
         return outcome
     store.transition(job_id, lifecycle.IN_PROGRESS, only_from=[lifecycle.VALIDATING])
+    shard_row = store.get_shard(job_id, start) if end is not None else None
+    if shard_row is not None and shard_row.failures >= MAX_SHARD_FAILURES:
+        outcome.failed += _give_up(store, job_id, shard_row)
+        lifecycle.finalize_if_done(store, job_id)
+        return outcome
+    run_id = store.start_run(job_id, start, end, worker or local_worker_name(), engine.loaded.ref)
+    admitted = [False]
+    try:
+        _run(store, engine, job_id, (start, end, shard_row, run_id), outcome, control, on_progress, meter, admitted)
+    except Exception as exc:
+        with contextlib.suppress(Exception):  # the store may be what failed: keep the original error
+            store.finish_run(run_id, "failed", f"{type(exc).__name__}: {exc}")
+            if shard_row is not None and not admitted[0] and not isinstance(exc, StoreError):
+                # Failed before any request started, so no attempt was counted: count the shard's instead.
+                n = store.record_shard_failure(job_id, start, f"{type(exc).__name__}: {exc}")
+                log.warning(
+                    "shard %s[%s:%s] failed before starting a request (%s/%s)",
+                    job_id,
+                    start,
+                    end,
+                    n,
+                    MAX_SHARD_FAILURES,
+                )
+        raise
+    store.finish_run(run_id, "stopped" if outcome.stopped else "done")
+    lifecycle.finalize_if_done(store, job_id)
+    log.info("shard %s[%s:%s]: %s", job_id, start, end, outcome.to_dict())
+    return outcome
 
-    pending = store.pending_requests(job_id, start, end)
-    items: list[WorkItem] = []
-    fresh = all(r.attempts == 0 for r in pending)
+
+def local_worker_name() -> str:
+    """Who runs a shard outside RQ (`omlx-jobs run`): host and process."""
+    return f"{socket.gethostname()}.{os.getpid()}"
+
+
+def _give_up(store: Store, job_id: str, shard: ShardInfo) -> int:
+    """Fail the pending requests of a shard that failed MAX_SHARD_FAILURES times before starting any."""
+    message = (
+        f"the shard holding this request failed {shard.failures} times before any request started "
+        f"(last: {shard.last_error}); fix the cause, then `omlx-jobs retry {job_id}`"
+    )
+    n = store.fail_pending(job_id, shard.first_pos, shard.end_pos, SHARD_FAILED, message)
+    log.error(
+        "job %s: gave up on shard [%s:%s] after %s failures: %s",
+        job_id,
+        shard.first_pos,
+        shard.end_pos,
+        shard.failures,
+        shard.last_error,
+    )
+    return n
+
+
+def _items(
+    store: Store, engine: Engine, pending: list[PendingRequest], outcome: ShardOutcome, run_id: int
+) -> list[tuple[WorkItem, int | None]]:
+    """The runnable requests with their positions; the others fail alone here (too many attempts, a prompt
+    the model cannot take)."""
+    items: list[tuple[WorkItem, int | None]] = []
     for req in pending:
         if req.attempts >= MAX_ATTEMPTS:
             store.record_failure(
@@ -101,6 +173,7 @@ def run_shard(
                 "too_many_attempts",
                 f"started {req.attempts} times without finishing (worker crashes or engine errors); "
                 "run `omlx-jobs retry JOB` to try again",
+                run_id=run_id,
             )
             outcome.failed += 1
             continue
@@ -110,37 +183,50 @@ def run_shard(
             tokens = engine.loaded.encode(req.endpoint, req.body)
             engine.check(tokens, params)
         except PromptError as exc:
-            store.record_failure(req.id, exc.code, exc.message, prompt_tokens=len(tokens) or None)
+            store.record_failure(req.id, exc.code, exc.message, prompt_tokens=len(tokens) or None, run_id=run_id)
             outcome.failed += 1
             continue
-        items.append(WorkItem(req.id, tokens, params))
+        items.append((WorkItem(req.id, tokens, params), req.pos))
+    return items
+
+
+def _run(
+    store: Store,
+    engine: Engine,
+    job_id: str,
+    where: tuple[int, int | None, ShardInfo | None, int],
+    outcome: ShardOutcome,
+    control: Callable[[], Control] | None,
+    on_progress: Callable[[int], None] | None,
+    meter: Callable[[int, int], None] | None,
+    admitted: list[bool],
+) -> None:
+    start, end, shard_row, run_id = where
+    pending = store.pending_requests(job_id, start, end)
+    fresh = all(r.attempts == 0 for r in pending)
+    placed = _items(store, engine, pending, outcome, run_id)
+    items = [item for item, _ in placed]
 
     def on_results(results: list[ItemResult]) -> None:
-        outcome.completed += store.record_completions(
-            [
-                {
-                    "id": r.key,
-                    "output_text": r.choices[0].text,
-                    "finish_reason": r.choices[0].finish_reason,
-                    "prompt_tokens": r.prompt_tokens,
-                    "cached_tokens": r.cached_tokens,
-                    "completion_tokens": r.completion_tokens,
-                    "more_choices": [{"text": c.text, "finish_reason": c.finish_reason} for c in r.choices[1:]] or None,
-                    "started_at": r.started_at,
-                }
-                for r in results
-            ]
-        )
+        outcome.completed += store.record_completions([_result_row(r) for r in results], run_id=run_id)
         if on_progress:
             on_progress(len(results))
+        if meter:
+            meter(len(results), sum(r.completion_tokens for r in results))
 
     def on_plan(plan_stats: RunStats) -> None:
-        # The trie minimum counts once per shard, on its first run; re-runs add only what they compute.
-        if fresh:
+        if shard_row is not None:  # once per shard, less what it shares with its neighbours (accounting.py)
+            lead, tail = boundary_prefixes(placed, shard_row)
+            store.record_shard_plan(job_id, start, plan_stats.trie_min_tokens, lead, tail)
+        elif fresh:  # a whole job in one run (`omlx-jobs run`): its minimum is the job's
             store.add_job_stats(job_id, trie_min_tokens=plan_stats.trie_min_tokens)
 
+    def on_admit(keys: list[Any]) -> None:
+        admitted[0] = True
+        store.mark_started(keys)
+
     watch = _JobWatch(store, job_id, control)
-    stats = engine.run(items, on_results, watch, on_admit=store.mark_started, on_plan=on_plan)
+    stats = engine.run(items, on_results, watch, on_admit=on_admit, on_plan=on_plan)
     outcome.stats = stats
     store.add_job_stats(
         job_id,
@@ -156,6 +242,41 @@ def run_shard(
         else:
             outcome.left_pending = len(stats.unfinished)
             outcome.stopped = True
-    lifecycle.finalize_if_done(store, job_id)
-    log.info("shard %s[%s:%s]: %s", job_id, start, end, outcome.to_dict())
-    return outcome
+
+
+def _result_row(r: ItemResult) -> dict[str, Any]:
+    return {
+        "id": r.key,
+        "output_text": r.choices[0].text,
+        "finish_reason": r.choices[0].finish_reason,
+        "prompt_tokens": r.prompt_tokens,
+        "cached_tokens": r.cached_tokens,
+        "completion_tokens": r.completion_tokens,
+        "more_choices": [{"text": c.text, "finish_reason": c.finish_reason} for c in r.choices[1:]] or None,
+        "started_at": r.started_at,
+    }
+
+
+def boundary_prefixes(placed: list[tuple[WorkItem, int | None]], shard: ShardInfo) -> tuple[bytes, bytes]:
+    """The common token prefix of the shard's requests in its first prefix group, and in its last one, as
+    token keys: what it can share with the shard before it and the one after (jobs/accounting.py)."""
+    lead_end = shard.first_pos + shard.lead_rows
+    tail_start = shard.end_pos - shard.tail_rows
+    lead = [item.tokens for item, pos in placed if pos is not None and pos < lead_end]
+    tail = [item.tokens for item, pos in placed if pos is not None and pos >= tail_start]
+    return token_key(common_prefix(lead)), token_key(common_prefix(tail))
+
+
+def common_prefix(prompts: list[list[int]]) -> list[int]:
+    """The longest token prefix every prompt starts with ([] for none)."""
+    if not prompts:
+        return []
+    prefix = prompts[0]
+    for tokens in prompts[1:]:
+        n = 0
+        for a, b in zip(prefix, tokens, strict=False):
+            if a != b:
+                break
+            n += 1
+        prefix = prefix[:n]
+    return list(prefix)
