@@ -499,7 +499,9 @@ def retry(job_id: str, include_cancelled: bool, db: str | None, redis_url: str |
     from omlx_jobs.jobs import actions
 
     try:
-        n = actions.retry(_store(db, create=False), _redis(redis_url), job_id, include_cancelled=include_cancelled)
+        store = _store(db, create=False)
+        store.get_job(job_id)  # an unknown id: one line, before Redis is asked
+        n = actions.retry(store, _redis(redis_url), job_id, include_cancelled=include_cancelled)
     except _client_errors() as exc:
         _fail(str(exc))
         return
@@ -518,7 +520,9 @@ def resume(job_id: str, db: str | None, redis_url: str | None) -> None:
     from omlx_jobs.jobs import actions
 
     try:
-        ids = actions.resume(_store(db, create=False), _redis(redis_url), job_id)
+        store = _store(db, create=False)
+        store.get_job(job_id)
+        ids = actions.resume(store, _redis(redis_url), job_id)
     except _client_errors() as exc:
         _fail(str(exc))
         return

@@ -64,7 +64,7 @@ def destination(path: Path | str | None, *, force: bool = False, what: str = "ou
     shown = str(path)
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         _check_parent(path, what)
         return Destination("file", path, shown)
     except OSError as exc:
