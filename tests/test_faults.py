@@ -333,7 +333,10 @@ def test_a_running_shard_is_not_handed_out_again_after_a_redis_restart(tmp_path:
     with RedisServer(tmp_path) as server:
         c = Cluster(tmp_path, server.url(), tiny_model_dir, WORKER_ARGS)
         try:
-            job = c.submit(src, "--shard-size", "100")  # a long shard (for a worker decoding one at a time)...
+            # A long shard (for a worker decoding one at a time) and a short one: cuts fall between prefix
+            # groups, each within [45, 135] requests here, so 140 requests make about 90 + 50.
+            job = c.submit(src, "--shard-size", "90")
+            assert len(c.store.shards(job)) == 2
             slow = c.start_worker("--batch-size", "1", "--prefill-batch-size", "1", burst=False)
             c.wait_until("the long shard to start", lambda: c.completed(job) >= 1)
             idle = c.start_worker(burst=False)  # ...and a short one, that this worker takes before it idles
