@@ -13,6 +13,7 @@ a prefix is kept whole when it fits, and a larger one is split where it branches
 
 from __future__ import annotations
 
+import struct
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -25,7 +26,8 @@ DEFAULT_SHARD_SIZE = 1024
 and its batch drains at the end of each shard, so much smaller shards cost throughput."""
 
 CHUNK_CHARS = (64,) * 8 + (128,) * 8 + (256,) * 8 + (512,) * 8 + (1024,) * 8
-"""Characters per key chunk; beyond their sum (15,872 characters) requests tie and keep file order."""
+"""UTF-8 bytes per key chunk (characters, for ASCII text); beyond their sum (15,872) requests tie and keep
+file order."""
 UNIT = 4
 """Bytes per chunk in a key."""
 
@@ -50,17 +52,22 @@ def canonical_text(endpoint: str, body: dict[str, Any]) -> str:
     return "p\x1d" + str(prompt or "")
 
 
-def prefix_key(text: str) -> bytes:
-    """The sort key of a canonical text: one 4-byte CRC-32 per chunk (see CHUNK_CHARS)."""
-    out = bytearray()
-    pos = 0
+def _bounds() -> list[tuple[int, int]]:
+    out, start = [], 0
     for size in CHUNK_CHARS:
-        if pos >= len(text):
-            break
-        chunk = text[pos : pos + size]
-        pos += size
-        out += zlib.crc32(chunk.encode("utf-8", "surrogatepass")).to_bytes(UNIT, "big")
-    return bytes(out)
+        out.append((start, start + size))
+        start += size
+    return out
+
+
+_BOUNDS = _bounds()
+
+
+def prefix_key(text: str) -> bytes:
+    """The sort key of a canonical text: one 4-byte CRC-32 per chunk of its UTF-8 bytes (see CHUNK_CHARS)."""
+    data = text.encode("utf-8", "surrogatepass")
+    crcs = [zlib.crc32(data[lo:hi]) for lo, hi in _BOUNDS if lo < len(data)]
+    return struct.pack(f">{len(crcs)}I", *crcs)
 
 
 def request_key(endpoint: str, body: dict[str, Any]) -> bytes:
@@ -69,14 +76,19 @@ def request_key(endpoint: str, body: dict[str, Any]) -> bytes:
 
 def shared_units(a: bytes | None, b: bytes | None) -> int:
     """Leading key chunks two keys share (0 when either is missing: an invalid line has no key)."""
-    if not a or not b:
+    if not a or not b or a[:UNIT] != b[:UNIT]:
         return 0
-    n = 0
-    for i in range(0, min(len(a), len(b)), UNIT):
-        if a[i : i + UNIT] != b[i : i + UNIT]:
-            break
-        n += 1
-    return n
+    hi = min(len(a), len(b)) // UNIT
+    if a[: hi * UNIT] == b[: hi * UNIT]:
+        return hi
+    lo = 1  # a[:lo] == b[:lo] holds, a[:hi] != b[:hi]: binary search over C-level slice compares
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[: mid * UNIT] == b[: mid * UNIT]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 @dataclass(frozen=True)

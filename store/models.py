@@ -63,8 +63,8 @@ class Request(Base):
     __tablename__ = "requests"
     __table_args__ = (
         Index("ix_requests_job_idx", "job_id", "idx", unique=True),
-        Index("ix_requests_job_status", "job_id", "status"),
-        Index("ix_requests_job_pos", "job_id", "pos"),
+        # Counts by status, and a shard's pending requests as one range: (job, "pending", first..end).
+        Index("ix_requests_job_status_pos", "job_id", "status", "pos"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)

@@ -1,6 +1,7 @@
 """Shards and shard runs in the store; requests get their prefix-order position, sort key and run.
 
-- requests.pos: the position in prefix order (shards are pos ranges); old rows keep their file order.
+- requests.pos: the position in prefix order (shards are pos ranges); old rows keep their file order. The
+  index (job_id, status) becomes (job_id, status, pos).
 - requests.sort_key: submit's compact prefix key; requests.run_id: the shard run that produced the result.
 - shards: the cut of each job, prefix accounting per shard, and failures before any request started.
 - shard_runs: which worker ran which shard on which model, with its request counts.
@@ -37,7 +38,9 @@ def upgrade() -> None:
                 f"UPDATE requests SET {column} = replace({column}, :m, :escaped) WHERE {column} LIKE :like"
             ).bindparams(m=MARK, escaped=MARK + "1", like=f"%{MARK}%")
         )
-    op.create_index("ix_requests_job_pos", "requests", ["job_id", "pos"])
+    # Replaces (job_id, status): the same prefix for counts, and a shard's pending requests in one range.
+    op.create_index("ix_requests_job_status_pos", "requests", ["job_id", "status", "pos"])
+    op.drop_index("ix_requests_job_status", "requests")
 
     shards = op.create_table(
         "shards",
@@ -108,6 +111,7 @@ def _cut_existing_jobs(shards: sa.Table) -> None:
 def downgrade() -> None:
     op.drop_table("shard_runs")
     op.drop_table("shards")
-    op.drop_index("ix_requests_job_pos", "requests")
+    op.create_index("ix_requests_job_status", "requests", ["job_id", "status"])
+    op.drop_index("ix_requests_job_status_pos", "requests")
     for column in ("run_id", "sort_key", "pos"):
         op.drop_column("requests", column)
