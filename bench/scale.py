@@ -9,7 +9,7 @@ workers: the tiny test model, `omlx-jobs worker` processes on one Redis and one 
 requests (8 tokens each, prefix groups under 8 system prompts, shards of N/20): wall time from submit to
 completed with 1, 2 and 3 workers, measured in one run, the counts interleaved over --rounds.
 store: `Store.record_completions` (what a worker calls after each decode step) from 1 and 4 writer processes
-at once, one result per commit, on SQLite and PostgreSQL: microseconds per committed result and results/s.
+at once, 1 or 8 results per commit, on SQLite and PostgreSQL: microseconds per result and results/s.
 Figures go to bench/RESULTS.md; the raw output to bench/results/ (pass --json FILE).
 """
 
@@ -134,7 +134,7 @@ def bench_workers(opts: argparse.Namespace) -> list[dict[str, Any]]:
 # ---- store cost per committed result ---------------------------------------------------------------
 
 
-def _writer(url: str, job: str, ids: list[int], barrier: Any, out: Any) -> None:
+def _writer(url: str, job: str, ids: list[int], per_commit: int, barrier: Any, out: Any) -> None:
     from omlx_jobs.store import Store
 
     store = Store(url)
@@ -143,13 +143,14 @@ def _writer(url: str, job: str, ids: list[int], barrier: Any, out: Any) -> None:
     result = {"finish_reason": "stop", "prompt_tokens": 40, "cached_tokens": 32, "completion_tokens": 24}
     barrier.wait()
     start = time.perf_counter()
-    for rid in ids:
-        store.record_completions([{"id": rid, "output_text": text, **result}], run_id=run)
+    for i in range(0, len(ids), per_commit):
+        batch = [{"id": rid, "output_text": text, **result} for rid in ids[i : i + per_commit]]
+        store.record_completions(batch, run_id=run)
     out.put(time.perf_counter() - start)
     store.close()
 
 
-def store_cost(url: str, results: int, writers: int) -> dict[str, Any]:
+def store_cost(url: str, results: int, writers: int, per_commit: int = 1) -> dict[str, Any]:
     from omlx_jobs.store import Store
 
     store = Store(url)
@@ -171,7 +172,9 @@ def store_cost(url: str, results: int, writers: int) -> dict[str, Any]:
     ids = [p.id for p in store.pending_requests(job)]
     ctx = multiprocessing.get_context("spawn")
     barrier, out = ctx.Barrier(writers), ctx.Queue()
-    procs = [ctx.Process(target=_writer, args=(url, job, ids[w::writers], barrier, out)) for w in range(writers)]
+    procs = [
+        ctx.Process(target=_writer, args=(url, job, ids[w::writers], per_commit, barrier, out)) for w in range(writers)
+    ]
     start = time.perf_counter()
     for p in procs:
         p.start()
@@ -186,6 +189,7 @@ def store_cost(url: str, results: int, writers: int) -> dict[str, Any]:
     return {
         "backend": "postgresql" if url.startswith("postgresql") else "sqlite",
         "writers": writers,
+        "results_per_commit": per_commit,
         "results": results,
         "us_per_result_per_writer": round(1e6 * sum(times) / results, 1),
         "results_per_s": round(results / wall, 1),
@@ -201,10 +205,11 @@ def bench_store(opts: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for _ in range(opts.rounds):
         for url in urls:
-            for w in opts.writers:
-                row = store_cost(url, opts.results, w)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+            for per_commit in opts.per_commit:
+                for w in opts.writers:
+                    row = store_cost(url, opts.results, w, per_commit)
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
     return rows
 
 
@@ -234,6 +239,9 @@ def main() -> None:
     ap.add_argument("--counts", default="1,2,3", help="worker counts (default 1,2,3)")
     ap.add_argument("--results", type=int, default=2000, help="results committed per store run (default 2000)")
     ap.add_argument("--writers", default="1,4", help="writer processes (default 1,4)")
+    ap.add_argument(
+        "--per-commit", default="1,8", help="results per commit: 1 as a worker at small batch, 8 as at a large one"
+    )
     ap.add_argument("--rounds", type=int, default=1, help="repeat every configuration, interleaved (default 1)")
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/2")
     ap.add_argument(
@@ -244,6 +252,7 @@ def main() -> None:
     opts = ap.parse_args()
     opts.counts = [int(x) for x in opts.counts.split(",")]
     opts.writers = [int(x) for x in opts.writers.split(",")]
+    opts.per_commit = [int(x) for x in opts.per_commit.split(",")]
     if opts.no_pg:
         opts.pg_url = None
     print(f"# {time.strftime('%Y-%m-%d %H:%M')} cpus={os.cpu_count()} load={_load()}", flush=True)
