@@ -317,3 +317,28 @@ def test_the_job_is_finalized_exactly_once_when_shards_finish_together(store_url
         assert won.count(True) == 1, won
         assert store.get_job(job).status == "completed"
         store.close()
+
+
+def test_shards_recording_their_plans_at_once_count_each_overlap_once(store_url: str) -> None:
+    """Adjacent shards share a 3-token prefix at each boundary; however their plans interleave, the job's
+    minimum is the sum less one overlap per boundary (the row lock makes the later recorder see the other)."""
+    import struct
+    from concurrent.futures import ThreadPoolExecutor
+
+    from omlx_jobs.store.shards import ShardCut
+
+    n = 12
+    store = Store(store_url)
+    job = make_job(store, 2 * n)
+    store.add_shards(job, [ShardCut(2 * i, 2 * i + 2, 0, 0, 2, 2) for i in range(n)])
+    shared = struct.pack(">3I", 7, 8, 9)
+    lead, tail = shared + struct.pack(">I", 1), shared + struct.pack(">2I", 2, 3)
+
+    def record(i: int) -> bool:
+        return store.record_shard_plan(job, 2 * i, 10, lead, tail)
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(record, range(n)))
+    assert store.get_job(job).trie_min_tokens == 10 * n - 3 * (n - 1)
+    assert not record(0)  # recorded once: a re-run adds nothing
+    assert store.get_job(job).trie_min_tokens == 10 * n - 3 * (n - 1)
