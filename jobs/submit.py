@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Queue
@@ -14,7 +15,7 @@ from omlx_jobs.jobs import lifecycle
 from omlx_jobs.jobs.formats import InputError, parse_stream
 from omlx_jobs.jobs.sharding import DEFAULT_SHARD_SIZE, cut_shards, request_key
 from omlx_jobs.store import RequestStatus, Store
-from omlx_jobs.store.shards import ShardCut
+from omlx_jobs.store.shards import END_KEY, ShardCut
 
 MAX_REPORTED_ERRORS = 1000
 INSERT_CHUNK = 2000
@@ -127,12 +128,29 @@ def load_job(
 
 
 def cut_job(store: Store, job_id: str, shard_size: int) -> int:
-    """Number the job's requests in prefix order and store its shards; returns how many shards."""
-    store.assign_positions(job_id)
-    cuts = [
-        ShardCut(c.first, c.end, c.group_first, c.group_last, c.lead_rows, c.tail_rows)
-        for c in cut_shards(store.iter_sort_keys(job_id), shard_size)
-    ]
+    """Cut the job's pending requests, in prefix order, into shards and store them; returns how many.
+
+    The keys stream from an index scan; only the keys of the open shard's window are held (to name bounds).
+    """
+    window: dict[int, tuple[bytes, int]] = {}  # position -> (sort_key, idx), for positions not cut yet
+
+    def keys() -> Iterator[bytes]:
+        for pos, (key, idx) in enumerate(store.iter_pending_keys(job_id)):
+            window[pos] = (key, idx)
+            yield key
+
+    cuts: list[ShardCut] = []
+    for c in cut_shards(keys(), shard_size):
+        first_key, first_idx = window[c.first]
+        if cuts:  # the previous shard ends where this one starts
+            cuts[-1] = dataclasses.replace(cuts[-1], end_key=first_key, end_idx=first_idx)
+        cuts.append(
+            ShardCut(
+                c.first, c.end, first_key, first_idx, END_KEY, 0, c.group_first, c.group_last, c.lead_rows, c.tail_rows
+            )
+        )
+        for pos in range(c.first, c.end):
+            window.pop(pos, None)
     store.add_shards(job_id, cuts)
     return len(cuts)
 

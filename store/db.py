@@ -32,7 +32,7 @@ from omlx_jobs.store import statements as st
 from omlx_jobs.store.errors import JobNotFound, StoreError, StoreMissing, is_data_error, retrying, safe_url
 from omlx_jobs.store.jobs import JobCounts, JobInfo, JobStore
 from omlx_jobs.store.models import FINAL_REQUEST_STATUSES, Request, RequestStatus, ShardRun
-from omlx_jobs.store.shards import ShardStore
+from omlx_jobs.store.shards import ShardStore, in_shard
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -75,7 +75,7 @@ class PendingRequest:
     endpoint: str
     body: dict[str, Any]
     attempts: int
-    pos: int | None = None
+    sort_key: bytes = b""
 
 
 UNSTORABLE = "unstorable_result"
@@ -255,17 +255,15 @@ class Store(JobStore, ShardStore):
             return res.rowcount > 0
 
     @retrying
-    def fail_pending(self, job_id: str, start: int, end: int, code: str, message: str) -> int:
-        """Fail every pending request with position in [start, end) with one error; returns how many."""
+    def fail_pending(self, job_id: str, first_pos: int, code: str, message: str) -> int:
+        """Fail every pending request of the shard at `first_pos` with one error; returns how many."""
+        bounds = self.shard_bounds(job_id, first_pos)
+        if bounds is None:
+            return 0
         with self.engine.begin() as conn:
             return conn.execute(
                 update(Request)
-                .where(
-                    Request.job_id == job_id,
-                    Request.status == RequestStatus.PENDING,
-                    Request.pos >= start,
-                    Request.pos < end,
-                )
+                .where(Request.job_id == job_id, Request.status == RequestStatus.PENDING, in_shard(bounds))
                 .values(status=RequestStatus.FAILED, error_code=code, error_message=message, finished_at=time.time())
             ).rowcount
 
@@ -314,10 +312,14 @@ class Store(JobStore, ShardStore):
 
     @retrying
     def pending_requests(self, job_id: str, start: int = 0, end: int | None = None) -> list[PendingRequest]:
-        """Requests of the shard [start, end) of prefix order (pos) without a final result, in that order."""
-        cond = [Request.job_id == job_id, Request.status == RequestStatus.PENDING, Request.pos >= start]
+        """Requests of the shard starting at position `start` without a final result, in prefix order; with
+        end=None, every pending request of the job (`omlx-jobs run`). A shard the job lacks has none."""
+        cond = [Request.job_id == job_id, Request.status == RequestStatus.PENDING]
         if end is not None:
-            cond.append(Request.pos < end)
+            bounds = self.shard_bounds(job_id, start)
+            if bounds is None:
+                return []
+            cond.append(in_shard(bounds))
         cols = (
             Request.id,
             Request.idx,
@@ -326,11 +328,11 @@ class Store(JobStore, ShardStore):
             Request.endpoint,
             Request.body,
             Request.attempts,
-            Request.pos,
+            Request.sort_key,
         )
         with self.engine.connect() as conn:
-            rows = conn.execute(select(*cols).where(and_(*cond)).order_by(Request.pos))
-            return [PendingRequest(*r) for r in rows]
+            rows = conn.execute(select(*cols).where(and_(*cond)).order_by(Request.sort_key, Request.idx))
+            return [PendingRequest(*r[:-1], sort_key=r[-1] or b"") for r in rows]
 
     def iter_requests(
         self, job_id: str, batch_size: int = 1000, *, columns: Sequence[str] | None = None

@@ -57,14 +57,15 @@ class Job(Base):
 
 
 class Request(Base):
-    """One input line. `idx` is its 0-based position in the file (results come back in idx order); `pos` its
-    position in prefix order (requests sharing a prompt prefix are adjacent), and shards are pos ranges."""
+    """One input line. `idx` is its 0-based position in the file (results come back in idx order). Prefix
+    order is (sort_key, idx): requests sharing a prompt prefix are adjacent in it, and a shard is a range of
+    it. The database sorts by the index; no row is rewritten to number it."""
 
     __tablename__ = "requests"
     __table_args__ = (
         Index("ix_requests_job_idx", "job_id", "idx", unique=True),
-        # Counts by status, and a shard's pending requests as one range: (job, "pending", first..end).
-        Index("ix_requests_job_status_pos", "job_id", "status", "pos"),
+        # Counts by status, and a shard's pending requests as one index range: (job, "pending", first..end).
+        Index("ix_requests_job_status_key", "job_id", "status", "sort_key", "idx"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
@@ -89,20 +90,23 @@ class Request(Base):
     created_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, default=None)
     finished_at: Mapped[float | None] = mapped_column(Float, default=None)
-    pos: Mapped[int | None] = mapped_column(Integer, default=None)
-    # The prefix-order key of submit (jobs/sharding.py): compact chunk hashes of the canonical prompt text.
-    sort_key: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    # The prefix-order key of submit (jobs/sharding.py): compact chunk hashes of the canonical prompt text;
+    # empty for invalid lines and rows from release 0.1.0 (they keep file order).
+    sort_key: Mapped[bytes | None] = mapped_column(LargeBinary, default=b"")  # never NULL in practice
     # The shard run (worker and model) that produced the result.
     run_id: Mapped[int | None] = mapped_column(Integer, default=None)
 
 
 class Shard(Base):
-    """A contiguous range [first_pos, end_pos) of a job's prefix order: the unit a worker takes from the queue.
+    """A contiguous range of a job's prefix order: the unit a worker takes from the queue.
+
+    first_pos / end_pos number it among the job's requests at submit (its RQ message carries them); its
+    requests are those with (sort_key, idx) in [(first_key, first_idx), (end_key, end_idx)).
 
     group_first / group_last number the prefix groups of its first and last request (a group is a run of
     requests sharing at least one key chunk); lead_rows / tail_rows count the requests of those groups in it.
     A worker records the shard's trie minimum and the common token prefixes of those two groups once, so the
-    job's minimum subtracts what adjacent shards share (jobs/accounting.py).
+    job's minimum subtracts what adjacent shards share (ShardStore.record_shard_plan).
     """
 
     __tablename__ = "shards"
@@ -112,6 +116,10 @@ class Shard(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     first_pos: Mapped[int] = mapped_column(Integer)
     end_pos: Mapped[int] = mapped_column(Integer)
+    first_key: Mapped[bytes] = mapped_column(LargeBinary)
+    first_idx: Mapped[int] = mapped_column(Integer)
+    end_key: Mapped[bytes] = mapped_column(LargeBinary)
+    end_idx: Mapped[int] = mapped_column(Integer)
     group_first: Mapped[int] = mapped_column(Integer, default=0)
     group_last: Mapped[int] = mapped_column(Integer, default=0)
     lead_rows: Mapped[int] = mapped_column(Integer, default=0)

@@ -8,19 +8,28 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Engine, and_, func, insert, select, text, update
+from sqlalchemy import ColumnElement, Engine, and_, func, insert, select, tuple_, update
 
 from omlx_jobs.store.errors import retrying
 from omlx_jobs.store.models import Job, Request, RequestStatus, Shard, ShardRun
 
+END_KEY = b"\xff" * 256
+"""Above every sort key (keys are at most 160 bytes): the end bound of a job's last shard."""
+
 
 @dataclass(frozen=True)
 class ShardCut:
-    """One shard as submit cuts it: a pos range and its prefix groups (see models.Shard)."""
+    """One shard as submit cuts it: its positions, bounds in (sort_key, idx) order, prefix groups
+    (see models.Shard)."""
 
     first_pos: int
     end_pos: int
+    first_key: bytes = b""
+    first_idx: int = 0
+    end_key: bytes = END_KEY
+    end_idx: int = 0
     group_first: int = 0
     group_last: int = 0
     lead_rows: int = 0
@@ -55,6 +64,12 @@ class WorkerShare:
 _INFO_COLUMNS = [getattr(Shard, f) for f in ShardInfo.__dataclass_fields__]
 
 
+def in_shard(shard: Any) -> ColumnElement[bool]:
+    """Requests of a shard (a Shard row or alias, or any object with its bounds): one index range."""
+    order = tuple_(Request.sort_key, Request.idx)
+    return and_(order >= tuple_(shard.first_key, shard.first_idx), order < tuple_(shard.end_key, shard.end_idx))
+
+
 def shared_tokens(a: bytes | None, b: bytes | None) -> int:
     """Tokens in the common prefix of two big-endian uint32 token strings (planner.token_key's encoding)."""
     if not a or not b:
@@ -78,28 +93,17 @@ class ShardStore:
 
     # ---- submit: positions and the cut ----------------------------------------------------------------
 
-    @retrying
-    def assign_positions(self, job_id: str) -> None:
-        """Number the job's requests in prefix order (sort_key, then file order) in one statement: the
-        database sorts, so submit keeps no key in memory however large the file."""
-        with self.engine.begin() as conn:
-            conn.execute(
-                text(
-                    "UPDATE requests SET pos = ranked.rn - 1 FROM (SELECT id, row_number() OVER "
-                    "(ORDER BY sort_key, idx) AS rn FROM requests WHERE job_id = :job) AS ranked "
-                    "WHERE requests.id = ranked.id"
-                ),
-                {"job": job_id},
-            )
-
-    def iter_sort_keys(self, job_id: str, batch_size: int = 5000) -> Iterator[bytes | None]:
-        """The job's sort keys in pos order, streamed."""
+    def iter_pending_keys(self, job_id: str, batch_size: int = 5000) -> Iterator[tuple[bytes, int]]:
+        """(sort_key, idx) of the job's pending requests in prefix order, streamed: an index scan, so the
+        database sorts and submit keeps no key in memory however large the file."""
         with self.engine.connect() as conn:
             rows = conn.execution_options(stream_results=True, yield_per=batch_size).execute(
-                select(Request.sort_key).where(Request.job_id == job_id).order_by(Request.pos)
+                select(Request.sort_key, Request.idx)
+                .where(Request.job_id == job_id, Request.status == RequestStatus.PENDING)
+                .order_by(Request.sort_key, Request.idx)
             )
-            for (key,) in rows:
-                yield key
+            for key, idx in rows:
+                yield key or b"", idx
 
     @retrying
     def add_shards(self, job_id: str, cuts: list[ShardCut]) -> None:
@@ -125,14 +129,19 @@ class ShardStore:
             stmt = stmt.where(Shard.group_first == group)
         if pending_only:
             pending = select(Request.id).where(
-                Request.job_id == job_id,
-                Request.status == RequestStatus.PENDING,
-                Request.pos >= Shard.first_pos,
-                Request.pos < Shard.end_pos,
+                Request.job_id == job_id, Request.status == RequestStatus.PENDING, in_shard(Shard)
             )
             stmt = stmt.where(pending.exists())
         with self.engine.connect() as conn:
             return [ShardInfo(*r) for r in conn.execute(stmt.order_by(Shard.first_pos))]
+
+    @retrying
+    def shard_bounds(self, job_id: str, first_pos: int) -> ShardCut | None:
+        """The bounds of the shard starting at `first_pos`, or None if the job has no such shard."""
+        cols = [getattr(Shard, f) for f in ShardCut.__dataclass_fields__]
+        with self.engine.connect() as conn:
+            row = conn.execute(select(*cols).where(Shard.job_id == job_id, Shard.first_pos == first_pos)).first()
+        return ShardCut(*row) if row is not None else None
 
     @retrying
     def get_shard(self, job_id: str, first_pos: int) -> ShardInfo | None:
@@ -147,7 +156,14 @@ class ShardStore:
     @retrying
     def record_shard_plan(self, job_id: str, first_pos: int, trie_min: int, lead: bytes, tail: bytes) -> bool:
         """Record a shard's trie minimum once, and add it to the job's minimum less what it shares with its
-        already recorded neighbours (jobs/accounting.py explains why that is exact or an upper bound).
+        already recorded neighbours: the common prefix of this shard's `lead` (the common token prefix of its
+        first prefix group) and the previous shard's tail, and of its `tail` and the next shard's lead.
+
+        Each subtracted token is in both neighbours' tries, and a token in k shards is subtracted at most
+        k - 1 times (once per adjacent pair holding it), so the job's minimum is never below the true
+        distinct-token count; it equals it when shards share tokens only along those common prefixes (a
+        system prompt, few-shot turns, an instruction) and a prefix's shards are adjacent, as prefix order
+        makes them. Whichever neighbour records second subtracts their overlap, so order does not matter.
 
         The job row is locked first (an UPDATE), so two shards recording at once see each other.
         Returns False if the shard had recorded before (a re-run adds nothing).

@@ -28,7 +28,6 @@ REQUEST_INSERT_FIELDS = (
     "finished_at",
     "attempts",
     "sort_key",
-    "pos",
 )
 
 
@@ -67,8 +66,7 @@ def request_values(row: dict[str, Any], now: float) -> tuple[Any, ...]:
         row.get("created_at") or now,
         row.get("finished_at"),
         row.get("attempts") or 0,
-        row.get("sort_key"),
-        row.get("pos", row["idx"]),  # file order until submit numbers the prefix order (assign_positions)
+        row.get("sort_key") or b"",  # empty: the row keeps file order (invalid lines, tests)
     )
 
 

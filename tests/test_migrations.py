@@ -73,11 +73,12 @@ def test_a_database_from_release_0_1_0_is_upgraded_in_place(store_url: str) -> N
     rows = list(store.iter_requests("batch_old"))
     assert [r.custom_id for r in rows] == [f"c{i}" for i in range(5)]
     assert [r.output_text for r in rows[:2]] == ["plain", "odd \ufdd0 0 text"]
-    assert [r.pos for r in rows] == [0, 1, 2, 3, 4]  # file order: the old cut is kept
+    assert {r.sort_key for r in rows} == {b""}  # an empty key: prefix order is file order, the old cut is kept
     # Shards cut as 0.1.0 cut them, so a worker (or reconcile) carries on with the pending requests.
     assert [(s.first_pos, s.end_pos) for s in store.shards("batch_old")] == [(0, 2), (2, 4), (4, 5)]
     assert [(s.first_pos, s.end_pos) for s in store.shards("batch_old", pending_only=True)] == [(2, 4), (4, 5)]
     assert [p.custom_id for p in store.pending_requests("batch_old", 2, 4)] == ["c2", "c3"]
+    assert [p.custom_id for p in store.pending_requests("batch_old", 4, 5)] == ["c4"]
     store.close()
     Store(store_url).close()  # opening again is a no-op
 

@@ -184,6 +184,14 @@ def test_read_only_commands_create_no_database(tmp_path: Path, env: dict[str, st
     assert code == 0 and "no jobs yet" in out
 
 
+def _opening(pid: int) -> bool:
+    """Whether process `pid` waits in open() on a FIFO (Linux: it sleeps in wait_for_partner)."""
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text() in ("wait_for_partner", "fifo_open")
+    except OSError:
+        return False
+
+
 def _submit_process(env: dict[str, str], src: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "omlx_jobs.cli", "submit", str(src), "--model", "m"],
@@ -228,7 +236,10 @@ def test_a_submit_interrupted_before_the_fifo_opens_leaves_no_job(
     fifo = tmp_path / "lines"
     os.mkfifo(fifo)
     proc = _submit_process(env, fifo)  # blocks opening the FIFO: no writer yet
-    time.sleep(2)
+    deadline = time.monotonic() + 60
+    while not _opening(proc.pid):  # wait until it is inside open(), past imports and the store
+        assert time.monotonic() < deadline and proc.poll() is None, "submit never got to open the FIFO"
+        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130 and "Traceback" not in err, err

@@ -178,17 +178,19 @@ def test_a_shard_failing_before_any_request_starts_is_given_up(
     model = str(tiny_model_dir)
     job = actions.submit(store, conn, chat_lines(tmp_path / "in.jsonl", 30), model, shard_size=10).load.job_id
     first = store.shards(job)[0]
+    in_first = {p.id for p in store.pending_requests(job, first.first_pos, first.end_pos)}
     with sqlite3.connect(db) as raw:  # a row the planner chokes on: its shard fails before admitting anything
-        raw.execute("UPDATE requests SET body = ? WHERE job_id = ? AND pos = ?", ('{"prompt": "x", "n": "x"}', job, 0))
+        raw.execute("UPDATE requests SET body = ? WHERE id = ?", ('{"prompt": "x", "n": "x"}', min(in_first)))
     code, _ = _worker(store, engine, conn, queue_name(model))
     assert code == 0  # the burst worker ends: the shard is not re-enqueued without end
-    rows = {r.pos: r for r in store.iter_requests(job)}
-    bad = [rows[p] for p in range(first.first_pos, first.end_pos)]
+    rows = list(store.iter_requests(job))
+    bad = [r for r in rows if r.id in in_first]
+    assert len(bad) == first.end_pos - first.first_pos
     assert {r.error_code for r in bad} == {shard.SHARD_FAILED}
     assert all("failed 3 times before any request started" in r.error_message for r in bad)
     assert all("ValueError" in r.error_message and "omlx-jobs retry" in r.error_message for r in bad)
     assert all(r.attempts == 0 for r in bad)  # no request was charged for it
-    assert all(r.status == "completed" for p, r in rows.items() if p >= first.end_pos)
+    assert all(r.status == "completed" for r in rows if r.id not in in_first)
     assert store.get_shard(job, first.first_pos).failures == 3
     assert store.get_job(job).status == "completed"
 

@@ -59,8 +59,12 @@ def test_job_lifecycle_and_counts(store_url: str) -> None:
     c = store.counts(job)
     assert (c.total, c.completed, c.failed, c.cancelled, c.pending) == (5, 1, 1, 1, 2)
     assert (c.prompt_tokens, c.cached_tokens, c.completion_tokens) == (4, 1, 2)
+    from omlx_jobs.store.shards import END_KEY, ShardCut
+
+    store.add_shards(job, [ShardCut(0, 3, b"", 0, b"", 3), ShardCut(3, 5, b"", 3, END_KEY, 0)])
     assert [p.custom_id for p in store.pending_requests(job, 3, 5)] == ["c3", "c4"]
-    assert [p.custom_id for p in store.pending_requests(job, 0, 4)] == ["c3"]
+    assert [p.custom_id for p in store.pending_requests(job, 0, 3)] == []  # c0-c2 have final results
+    assert [p.custom_id for p in store.pending_requests(job, 1, 3)] == []  # no shard starts there
     rows = list(store.iter_requests(job, batch_size=2))
     assert [r.custom_id for r in rows] == ["c0", "c1", "c2", "c3", "c4"]
     assert rows[0].output_text == "hi" and rows[0].attempts == 1 and rows[1].error_code == "context_length_exceeded"
@@ -330,7 +334,7 @@ def test_shards_recording_their_plans_at_once_count_each_overlap_once(store_url:
     n = 12
     store = Store(store_url)
     job = make_job(store, 2 * n)
-    store.add_shards(job, [ShardCut(2 * i, 2 * i + 2, 0, 0, 2, 2) for i in range(n)])
+    store.add_shards(job, [ShardCut(2 * i, 2 * i + 2, b"", 2 * i, b"", 2 * i + 2) for i in range(n)])
     shared = struct.pack(">3I", 7, 8, 9)
     lead, tail = shared + struct.pack(">I", 1), shared + struct.pack(">2I", 2, 3)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from omlx_jobs.jobs import lifecycle
 from omlx_jobs.jobs.formats import SamplingParams
+from omlx_jobs.jobs.sharding import UNIT
 from omlx_jobs.store import Store, StoreError
 from omlx_jobs.store.db import PendingRequest
 from omlx_jobs.store.shards import ShardInfo
@@ -148,7 +149,7 @@ def _give_up(store: Store, job_id: str, shard: ShardInfo) -> int:
         f"the shard holding this request failed {shard.failures} times before any request started "
         f"(last: {shard.last_error}); fix the cause, then `omlx-jobs retry {job_id}`"
     )
-    n = store.fail_pending(job_id, shard.first_pos, shard.end_pos, SHARD_FAILED, message)
+    n = store.fail_pending(job_id, shard.first_pos, SHARD_FAILED, message)
     log.error(
         "job %s: gave up on shard [%s:%s] after %s failures: %s",
         job_id,
@@ -162,10 +163,10 @@ def _give_up(store: Store, job_id: str, shard: ShardInfo) -> int:
 
 def _items(
     store: Store, engine: Engine, pending: list[PendingRequest], outcome: ShardOutcome, run_id: int
-) -> list[tuple[WorkItem, int | None]]:
-    """The runnable requests with their positions; the others fail alone here (too many attempts, a prompt
+) -> list[tuple[WorkItem, bytes]]:
+    """The runnable requests with their sort keys; the others fail alone here (too many attempts, a prompt
     the model cannot take)."""
-    items: list[tuple[WorkItem, int | None]] = []
+    items: list[tuple[WorkItem, bytes]] = []
     for req in pending:
         if req.attempts >= MAX_ATTEMPTS:
             store.record_failure(
@@ -186,7 +187,7 @@ def _items(
             store.record_failure(req.id, exc.code, exc.message, prompt_tokens=len(tokens) or None, run_id=run_id)
             outcome.failed += 1
             continue
-        items.append((WorkItem(req.id, tokens, params), req.pos))
+        items.append((WorkItem(req.id, tokens, params), req.sort_key))
     return items
 
 
@@ -215,8 +216,8 @@ def _run(
             meter(len(results), sum(r.completion_tokens for r in results))
 
     def on_plan(plan_stats: RunStats) -> None:
-        if shard_row is not None:  # once per shard, less what it shares with its neighbours (accounting.py)
-            lead, tail = boundary_prefixes(placed, shard_row)
+        if shard_row is not None:  # once per shard, less what it shares with its neighbours (record_shard_plan)
+            lead, tail = boundary_prefixes(placed)
             store.record_shard_plan(job_id, start, plan_stats.trie_min_tokens, lead, tail)
         elif fresh:  # a whole job in one run (`omlx-jobs run`): its minimum is the job's
             store.add_job_stats(job_id, trie_min_tokens=plan_stats.trie_min_tokens)
@@ -257,13 +258,17 @@ def _result_row(r: ItemResult) -> dict[str, Any]:
     }
 
 
-def boundary_prefixes(placed: list[tuple[WorkItem, int | None]], shard: ShardInfo) -> tuple[bytes, bytes]:
+def boundary_prefixes(placed: list[tuple[WorkItem, bytes]]) -> tuple[bytes, bytes]:
     """The common token prefix of the shard's requests in its first prefix group, and in its last one, as
-    token keys: what it can share with the shard before it and the one after (jobs/accounting.py)."""
-    lead_end = shard.first_pos + shard.lead_rows
-    tail_start = shard.end_pos - shard.tail_rows
-    lead = [item.tokens for item, pos in placed if pos is not None and pos < lead_end]
-    tail = [item.tokens for item, pos in placed if pos is not None and pos >= tail_start]
+    token keys: what it can share with the shard before it and the one after (Store.record_shard_plan).
+
+    `placed` is in prefix order. A group's requests share their key's first chunk (jobs/sharding.py).
+    """
+    if not placed:
+        return b"", b""
+    first, last = placed[0][1][:UNIT], placed[-1][1][:UNIT]
+    lead = [item.tokens for item, key in placed if key[:UNIT] == first]
+    tail = [item.tokens for item, key in placed if key[:UNIT] == last]
     return token_key(common_prefix(lead)), token_key(common_prefix(tail))
 
 

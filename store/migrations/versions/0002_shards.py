@@ -1,8 +1,8 @@
 """Shards and shard runs in the store; requests get their prefix-order position, sort key and run.
 
-- requests.pos: the position in prefix order (shards are pos ranges); old rows keep their file order. The
-  index (job_id, status) becomes (job_id, status, pos).
-- requests.sort_key: submit's compact prefix key; requests.run_id: the shard run that produced the result.
+- requests.sort_key: submit's compact prefix key (empty for old rows: they keep file order); prefix order is
+  (sort_key, idx), and the index (job_id, status) becomes (job_id, status, sort_key, idx), so a shard's
+  pending requests are one index range. requests.run_id: the shard run that produced the result.
 - shards: the cut of each job, prefix accounting per shard, and failures before any request started.
 - shard_runs: which worker ran which shard on which model, with its request counts.
 - Text columns now go through store/textcodec.py: a U+FDD0 already stored is escaped, so it reads back as is.
@@ -25,13 +25,16 @@ depends_on = None
 
 _ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 MARK = "\ufdd0"
+END_KEY = b"\xff" * 256  # above every key (keys are at most 160 bytes): the last shard's end (store/shards.py)
 
 
 def upgrade() -> None:
-    op.add_column("requests", sa.Column("pos", sa.Integer()))
     op.add_column("requests", sa.Column("sort_key", sa.LargeBinary()))
     op.add_column("requests", sa.Column("run_id", sa.Integer()))
-    op.execute("UPDATE requests SET pos = idx")
+    # Bound as bytes, so SQLite stores a BLOB like every new key (a '' literal would be TEXT, which sorts apart).
+    op.execute(
+        sa.text("UPDATE requests SET sort_key = :empty").bindparams(sa.bindparam("empty", b"", sa.LargeBinary()))
+    )
     for column in ("custom_id", "output_text", "error_message"):
         op.execute(
             sa.text(
@@ -39,7 +42,7 @@ def upgrade() -> None:
             ).bindparams(m=MARK, escaped=MARK + "1", like=f"%{MARK}%")
         )
     # Replaces (job_id, status): the same prefix for counts, and a shard's pending requests in one range.
-    op.create_index("ix_requests_job_status_pos", "requests", ["job_id", "status", "pos"])
+    op.create_index("ix_requests_job_status_key", "requests", ["job_id", "status", "sort_key", "idx"])
     op.drop_index("ix_requests_job_status", "requests")
 
     shards = op.create_table(
@@ -48,6 +51,10 @@ def upgrade() -> None:
         sa.Column("job_id", sa.String(64), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
         sa.Column("first_pos", sa.Integer(), nullable=False),
         sa.Column("end_pos", sa.Integer(), nullable=False),
+        sa.Column("first_key", sa.LargeBinary(), nullable=False),
+        sa.Column("first_idx", sa.Integer(), nullable=False),
+        sa.Column("end_key", sa.LargeBinary(), nullable=False),
+        sa.Column("end_idx", sa.Integer(), nullable=False),
         sa.Column("group_first", sa.Integer(), nullable=False),
         sa.Column("group_last", sa.Integer(), nullable=False),
         sa.Column("lead_rows", sa.Integer(), nullable=False),
@@ -91,11 +98,17 @@ def _cut_existing_jobs(shards: sa.Table) -> None:
         opts = json.loads(options) if isinstance(options, str) else (options or {})
         size = int(opts.get("shard_size") or total)
         for n, start in enumerate(range(0, total, size)):
+            end = min(start + size, total)
             rows.append(
                 {
                     "job_id": job_id,
                     "first_pos": start,
-                    "end_pos": min(start + size, total),
+                    "end_pos": end,
+                    # Old rows have an empty key, so prefix order is file order and a shard an idx range.
+                    "first_key": b"",
+                    "first_idx": start,
+                    "end_key": b"" if end < total else END_KEY,
+                    "end_idx": end if end < total else 0,
                     "group_first": n,
                     "group_last": n,
                     "lead_rows": 0,
@@ -112,6 +125,6 @@ def downgrade() -> None:
     op.drop_table("shard_runs")
     op.drop_table("shards")
     op.create_index("ix_requests_job_status", "requests", ["job_id", "status"])
-    op.drop_index("ix_requests_job_status_pos", "requests")
-    for column in ("run_id", "sort_key", "pos"):
+    op.drop_index("ix_requests_job_status_key", "requests")
+    for column in ("run_id", "sort_key"):
         op.drop_column("requests", column)
