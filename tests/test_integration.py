@@ -83,9 +83,11 @@ def test_three_workers_one_job_on_postgres(tmp_path: Path, redis_url: str, pg_ur
         job = out.strip()
         store = open_store(url=pg_url)
         deadline = time.monotonic() + 300
+        seen_busy: set[str] = set()  # `omlx-jobs workers` shows each worker on its shard of this job
         while store.get_job(job).status != "completed":
             assert time.monotonic() < deadline, _tails(logs)
-            time.sleep(0.5)
+            seen_busy |= {w.name for w in list_workers(conn) if w.job_id == job and w.state == "busy" and w.shard}
+            time.sleep(0.2)
         status = json.loads(invoke(env, "status", job, "--json")[1])
     finally:
         for p in procs:
@@ -100,6 +102,8 @@ def test_three_workers_one_job_on_postgres(tmp_path: Path, redis_url: str, pg_ur
     ran = {w["worker"]: w["completed"] for w in status["workers"]}
     assert len(ran) == WORKERS and all(n > 0 for n in ran.values()) and sum(ran.values()) == N, ran
     assert all(shards_taken(log) for log in logs)
+    assert seen_busy and seen_busy <= set(ran), (seen_busy, ran)
+    assert list_workers(conn) == []  # each retired its record on the way out
     finalized = sum(log.read_text().count(f"job {job} finalized") for log in logs)
     assert finalized == 1
     # Every output round-trips through PostgreSQL, NUL included.
