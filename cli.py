@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -14,6 +15,7 @@ from typing import Any
 import click
 
 from omlx_jobs import __version__, defaults
+from omlx_jobs.jobs.sharding import DEFAULT_SHARD_SIZE
 
 SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3, "GB": 1024**3}
 
@@ -45,12 +47,13 @@ class Size(click.ParamType):
         return parse_size(str(value))
 
 
-def _store(db: str | None) -> Any:
+def _store(db: str | None, *, create: bool = True) -> Any:
+    """The store at --db; read-only commands pass create=False, so a wrong path never leaves a new database."""
     from omlx_jobs.store import open_store
 
     if db and "://" in db:
-        return open_store(url=db)
-    return open_store(db_path=db)
+        return open_store(url=db, create=create)
+    return open_store(db_path=db, create=create)
 
 
 def _redis(url: str | None, *, check: bool = True) -> Any:
@@ -69,6 +72,23 @@ def _stderr_console() -> Any:
 def _fail(message: str, code: int = 1) -> None:
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
+
+
+def _client_errors() -> tuple[type[BaseException], ...]:
+    """The errors a client command reports in one line: the store, Redis, refusals, output paths."""
+    from omlx_jobs.jobs.export import OutputError
+    from omlx_jobs.jobs.queue import RedisUnavailable
+    from omlx_jobs.store import StoreError
+
+    return (StoreError, RedisUnavailable, OutputError, ValueError)
+
+
+def _silence_stdout() -> None:
+    """After stdout failed (a full disk, a closed pipe), point it at /dev/null, so Python's own flush at exit
+    does not print a second, uglier error."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 db_option = click.option(
@@ -224,7 +244,22 @@ def _print_rejection(load: Any) -> None:
 @click.option("--queue", help="Queue name (default omlx:<model>).")
 @click.option("--skip-invalid", is_flag=True, help="Run the valid lines; record bad ones as failed requests.")
 @click.option("--wait", is_flag=True, help="Show a progress bar until the job finishes.")
-@click.option("--shard-size", type=int, help="Requests per shard (default: one shard per job).")
+@click.option(
+    "--shard-size",
+    type=click.IntRange(min=1),
+    default=DEFAULT_SHARD_SIZE,
+    show_default=True,
+    help="Requests per shard, the unit one worker takes. Requests sharing a prompt prefix are ordered next to "
+    "each other, and shards are cut between such groups where they can (each between half and 1.5 times this "
+    "size), so several workers share a job and each keeps its prefixes cached.",
+)
+@click.option(
+    "--priority",
+    type=click.Choice(["high", "normal", "low"]),
+    default="normal",
+    show_default=True,
+    help="Workers take shards of high-priority jobs first, then normal, then low (queue omlx:<model>[:high|:low]).",
+)
 @click.option(
     "--shard-timeout", type=int, default=defaults.SHARD_TIMEOUT, show_default=True, help="Seconds a shard may run."
 )
@@ -237,33 +272,40 @@ def submit(
     queue: str | None,
     skip_invalid: bool,
     wait: bool,
-    shard_size: int | None,
+    shard_size: int,
+    priority: str,
     shard_timeout: int,
     db: str | None,
     redis_url: str | None,
     **kw: Any,
 ) -> None:
-    """Validate FILE (JSONL: OpenAI batch lines or {"prompt"|"messages": ...}) and queue it; prints the job id."""
+    """Validate FILE (JSONL: OpenAI batch lines or {"prompt"|"messages": ...}) and queue it; prints the job id.
+
+    Ctrl-C (or SIGTERM) while it reads leaves no job behind: the half-stored one is removed.
+    """
     from omlx_jobs.jobs import actions
-    from omlx_jobs.jobs.queue import RedisUnavailable
-    from omlx_jobs.store import StoreError
 
     images = _image_access(kw)
     try:
         redis = _redis(redis_url)
         store = _store(db)
-        result = actions.submit(
-            store,
-            redis,
-            file,
-            model,
-            queue=queue,
-            skip_invalid=skip_invalid,
-            shard_size=shard_size,
-            shard_timeout=shard_timeout,
-            images=images,
-        )
-    except (RedisUnavailable, StoreError) as exc:
+        with _signals_interrupt():
+            result = actions.submit(
+                store,
+                redis,
+                file,
+                model,
+                queue=queue,
+                priority=priority,
+                skip_invalid=skip_invalid,
+                shard_size=shard_size,
+                shard_timeout=shard_timeout,
+                images=images,
+            )
+    except KeyboardInterrupt:
+        _fail("submit interrupted; nothing was queued and no job was kept", code=130)
+        return
+    except _client_errors() as exc:
         _fail(str(exc))
         return
     load = result.load
@@ -278,6 +320,22 @@ def submit(
     click.echo(load.job_id)
     if wait:
         _wait(store, load.job_id)
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Any:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does, so cleanup code runs for them too."""
+    import signal
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    saved = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def _wait(store: Any, job_id: str) -> None:
@@ -336,23 +394,52 @@ def _fmt_status(s: dict[str, Any]) -> str:
             f"errors     {len(s['errors'])} input error(s), first: line {s['errors'][0]['line']}: "
             f"{s['errors'][0]['message']}"
         )
+    if s.get("priority", "normal") != "normal":
+        lines.append(f"priority   {s['priority']}")
+    for w in s.get("workers") or []:
+        lines.append(f"worker     {w['worker']}: {w['completed']} completed, {w['failed']} failed ({w['model']})")
+    live = s.get("live_workers")
+    if live == 0 and s["status"] not in ("completed", "failed", "cancelled"):
+        lines.append(
+            f"waiting    no live worker serves {s['queue']}: start one with `omlx-jobs worker --model {s['model']}`"
+        )
     return "\n".join(lines)
+
+
+def _live_serving(redis_url: str | None, queue: str | None) -> int | None:
+    """How many live workers listen on `queue`; None if Redis does not answer (status still works)."""
+    from redis.exceptions import RedisError
+
+    from omlx_jobs.jobs.queue import RedisUnavailable
+    from omlx_jobs.jobs.workers import list_workers, serving
+
+    if not queue:
+        return None
+    try:
+        return len(serving(list_workers(_redis(redis_url)), queue))
+    except (RedisUnavailable, RedisError, OSError):
+        return None
 
 
 @cli.command()
 @click.argument("job_id")
-@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (with the workers that ran it).")
 @click.option("--watch", is_flag=True, help="Refresh every 2 seconds until the job finishes.")
 @db_option
-def status(job_id: str, as_json: bool, watch: bool, db: str | None) -> None:
-    """Show a job's status, request counts, tokens, throughput, ETA and prefix efficiency."""
+@redis_option
+def status(job_id: str, as_json: bool, watch: bool, db: str | None, redis_url: str | None) -> None:
+    """Show a job's status, request counts, tokens, throughput, ETA, prefix efficiency and its workers.
+
+    It also says when no live worker serves the job's queue (it asks Redis; without Redis it leaves that out).
+    """
     from omlx_jobs.jobs import lifecycle
-    from omlx_jobs.store import StoreError
 
     try:
-        store = _store(db)
+        store = _store(db, create=False)
         while True:
-            summary = lifecycle.summarize(store.get_job(job_id), store.counts(job_id))
+            job = store.get_job(job_id)
+            live = None if job.status in lifecycle.TERMINAL else _live_serving(redis_url, job.queue)
+            summary = lifecycle.summarize(job, store.counts(job_id), workers=store.job_workers(job_id), serving=live)
             if as_json:
                 click.echo(json.dumps(summary, indent=None if watch else 2))
             else:
@@ -362,7 +449,7 @@ def status(job_id: str, as_json: bool, watch: bool, db: str | None) -> None:
             if not watch or summary["status"] in lifecycle.TERMINAL:
                 break
             time.sleep(2)
-    except StoreError as exc:
+    except _client_errors() as exc:
         _fail(str(exc))
 
 
@@ -371,8 +458,16 @@ def status(job_id: str, as_json: bool, watch: bool, db: str | None) -> None:
 @db_option
 def list_jobs(limit: int, db: str | None) -> None:
     """List recent jobs."""
-    store = _store(db)
-    rows = store.list_jobs(limit)
+    from omlx_jobs.store.errors import StoreMissing
+
+    try:
+        store = _store(db, create=False)
+        rows = store.list_jobs(limit)
+    except StoreMissing:
+        rows = []
+    except _client_errors() as exc:
+        _fail(str(exc))
+        return
     if not rows:
         click.echo("no jobs yet: `omlx-jobs submit FILE --model M` or `omlx-jobs run FILE --model M -o OUT`")
         return
@@ -389,25 +484,36 @@ def list_jobs(limit: int, db: str | None) -> None:
 
 @cli.command()
 @click.argument("job_id")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Output file (default stdout).")
+@click.option(
+    "-o",
+    "--output",
+    metavar="FILE",
+    help="Output file; '-' or nothing: stdout. Devices and FIFOs (/dev/stdout, a named pipe) are written "
+    "through. An existing file is replaced only with --force; a symbolic link is written through into its "
+    "target only with --force (the link stays).",
+)
 @click.option(
     "--errors",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write failed/cancelled requests here (default: into the output).",
+    metavar="FILE",
+    help="Write failed/cancelled requests here (default: into the output); never the same file as --output.",
 )
-@click.option("--force", is_flag=True, help="Overwrite existing files.")
+@click.option("--force", is_flag=True, help="Overwrite existing files (and write through symbolic links).")
 @db_option
-def results(job_id: str, output: Path | None, errors: Path | None, force: bool, db: str | None) -> None:
+def results(job_id: str, output: str | None, errors: str | None, force: bool, db: str | None) -> None:
     """Write results as OpenAI batch output JSONL, in input order."""
-    from omlx_jobs.jobs.export import OutputExists, write_results
-    from omlx_jobs.store import StoreError
+    from omlx_jobs.jobs.export import StdoutClosed, write_results
 
     try:
-        counts = write_results(_store(db), job_id, output, errors, force=force)
-    except (OutputExists, StoreError) as exc:
+        counts = write_results(_store(db, create=False), job_id, output, errors, force=force)
+    except StdoutClosed:
+        _silence_stdout()  # the reader (e.g. `| head`) has what it wanted
+        sys.exit(1)
+    except _client_errors() as exc:
+        if output in (None, "-"):
+            _silence_stdout()
         _fail(str(exc))
         return
-    where = f" to {output}" if output else ""
+    where = f" to {output}" if output not in (None, "-") else ""
     msg = f"wrote {counts.written} result(s){where}"
     if counts.errors:
         msg += f", {counts.errors} error line(s)" + (f" to {errors}" if errors else "")
@@ -428,13 +534,17 @@ def cancel(job_id: str, db: str | None, redis_url: str | None) -> None:
     from omlx_jobs.jobs import actions
     from omlx_jobs.jobs.queue import RedisUnavailable
 
-    store = _store(db)
     try:
-        redis = _redis(redis_url)
-    except RedisUnavailable as exc:
-        click.echo(f"warning: {exc}; cancelling in the store only", err=True)
-        redis = None
-    click.echo(f"{job_id}: {actions.cancel(store, redis, job_id)}")
+        store = _store(db, create=False)
+        store.get_job(job_id)  # an unknown id: one line, before Redis is asked
+        try:
+            redis = _redis(redis_url)
+        except RedisUnavailable as exc:
+            click.echo(f"warning: {exc}; cancelling in the store only", err=True)
+            redis = None
+        click.echo(f"{job_id}: {actions.cancel(store, redis, job_id)}")
+    except _client_errors() as exc:
+        _fail(str(exc))
 
 
 @cli.command()
@@ -450,8 +560,10 @@ def retry(job_id: str, include_cancelled: bool, db: str | None, redis_url: str |
     from omlx_jobs.jobs import actions
 
     try:
-        n = actions.retry(_store(db), _redis(redis_url), job_id, include_cancelled=include_cancelled)
-    except (ValueError, RuntimeError) as exc:
+        store = _store(db, create=False)
+        store.get_job(job_id)  # an unknown id: one line, before Redis is asked
+        n = actions.retry(store, _redis(redis_url), job_id, include_cancelled=include_cancelled)
+    except _client_errors() as exc:
         _fail(str(exc))
         return
     click.echo(f"{job_id}: {n} request(s) queued again" if n else f"{job_id}: nothing to retry")
@@ -462,15 +574,51 @@ def retry(job_id: str, include_cancelled: bool, db: str | None, redis_url: str |
 @db_option
 @redis_option
 def resume(job_id: str, db: str | None, redis_url: str | None) -> None:
-    """Enqueue a job again (after a submit that failed midway, or lost queue state)."""
+    """Enqueue a job again (after a submit that failed midway, or lost queue state).
+
+    Refused while any of its shards is queued or running, as `retry` is for an unfinished job.
+    """
     from omlx_jobs.jobs import actions
 
     try:
-        ids = actions.resume(_store(db), _redis(redis_url), job_id)
-    except (ValueError, RuntimeError) as exc:
+        store = _store(db, create=False)
+        store.get_job(job_id)
+        ids = actions.resume(store, _redis(redis_url), job_id)
+    except _client_errors() as exc:
         _fail(str(exc))
         return
     click.echo(f"{job_id}: enqueued {len(ids)} shard(s)")
+
+
+@cli.command("workers")
+@click.option("--json", "as_json", is_flag=True, help="Print the workers as JSON.")
+@redis_option
+def list_live_workers(as_json: bool, redis_url: str | None) -> None:
+    """List live workers: model, state, current job and shard, tokens per second, last heartbeat.
+
+    Each worker refreshes its record with its heartbeat; a worker that stops or dies drops out of this list
+    within about a minute (--heartbeat-ttl plus the idle poll).
+    """
+    from omlx_jobs.jobs.workers import list_workers
+
+    try:
+        workers = list_workers(_redis(redis_url))
+    except _client_errors() as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        click.echo(json.dumps([w.to_dict() for w in workers], indent=2))
+        return
+    if not workers:
+        click.echo("no live workers: start one with `omlx-jobs worker --model M`")
+        return
+    now = time.time()
+    click.echo(f"{'WORKER':34} {'STATE':8} {'TOK/S':>8} {'DONE':>8} {'BEAT':>6}  {'JOB / SHARD':44} MODEL")
+    for w in workers:
+        running = f"{w.job_id} [{w.shard}]" if w.job_id else "-"
+        beat = f"{max(0, now - w.last_heartbeat):.0f}s"
+        rate = f"{w.tokens_per_second:.1f}"
+        click.echo(f"{w.name:34} {w.state:8} {rate:>8} {w.requests_done:>8} {beat:>6}  {running:44} {w.model}")
 
 
 # ---- worker / run -------------------------------------------------------------------------------------
@@ -543,8 +691,14 @@ def worker(
 @cli.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @engine_options
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--errors", type=click.Path(dir_okay=False, path_type=Path), help="Error lines here.")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    metavar="FILE",
+    help="Results here ('-' for stdout); files, devices, FIFOs and symbolic links as in `results -o`.",
+)
+@click.option("--errors", metavar="FILE", help="Error lines here (default: into the output).")
 @click.option("--skip-invalid", is_flag=True, help="Run the valid lines; record bad ones as failed.")
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
 @click.option("--resume", "resume_job", metavar="JOB", help="Continue an interrupted `run` job.")
@@ -552,8 +706,8 @@ def worker(
 @db_option
 def run(
     file: Path,
-    output: Path,
-    errors: Path | None,
+    output: str,
+    errors: str | None,
     skip_invalid: bool,
     force: bool,
     resume_job: str | None,
@@ -561,14 +715,16 @@ def run(
     **kw: Any,
 ) -> None:
     """Run FILE locally in this process, without Redis, on the same engine and store; write OUT."""
-    from omlx_jobs.jobs.export import OutputExists, write_results
+    from omlx_jobs.jobs.export import OutputError, check_distinct, destination, write_results
     from omlx_jobs.jobs.submit import load_job
     from omlx_jobs.store import StoreError
 
     images = _image_access(kw)
-    for path in (output, errors):
-        if path is not None and path.exists() and not force:
-            _fail(f"{path} exists; pass --force to overwrite it")
+    try:  # checked before any work: a refused output path must not cost a whole run
+        check_distinct(destination(output, force=force), destination(errors, force=force) if errors else None)
+    except OutputError as exc:
+        _fail(str(exc))
+        return
     from omlx_jobs.worker.model import ModelLoadError
 
     try:
@@ -589,7 +745,7 @@ def run(
         click.echo(f"job {job_id}", err=True)
         _run_local(store, engine, job_id)
         counts = write_results(store, job_id, output, errors, force=True)
-    except (OutputExists, StoreError) as exc:
+    except (OutputError, StoreError) as exc:
         _fail(str(exc))
         return
     click.echo(
@@ -670,7 +826,13 @@ def smollm2_path() -> None:
 
 
 def main() -> None:
-    cli()
+    try:
+        cli()
+    except OSError as exc:  # stdout or stderr failed past the commands' own handling (`jobs > /dev/full`)
+        _silence_stdout()
+        with contextlib.suppress(OSError):
+            click.echo(f"error: cannot write the output: {exc.strerror or exc}", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

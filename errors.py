@@ -62,6 +62,10 @@ class ErrorCode(str, Enum):
     TOO_MANY_ATTEMPTS = "too_many_attempts"
     WORKER_LOST = "worker_lost"
     TIMEOUT = "timeout"
+    SHARD_FAILED = "shard_failed"
+    """Its shard failed before starting any request, too often (worker/shard.py)."""
+    UNSTORABLE_RESULT = "unstorable_result"
+    """The database refused the result's data (store/db.py)."""
     # Output lines of requests that never ran because their job was cancelled.
     BATCH_CANCELLED = "batch_cancelled"
 
@@ -116,6 +120,8 @@ SERVER_ERROR_CODES = frozenset(
         ErrorCode.TOO_MANY_ATTEMPTS,
         ErrorCode.WORKER_LOST,
         ErrorCode.TIMEOUT,
+        ErrorCode.SHARD_FAILED,
+        ErrorCode.UNSTORABLE_RESULT,
     }
 )
 

@@ -20,8 +20,8 @@ from omlx_jobs.jobs.queue import (
     Shard,
     cancel_queued,
     enqueue_shards,
-    plan_shards,
     queue_name,
+    with_priority,
 )
 from omlx_jobs.jobs.submit import LoadResult, load_job
 from omlx_jobs.store import Store
@@ -45,27 +45,36 @@ def submit(
     model: str,
     *,
     queue: str | None = None,
+    priority: str = "normal",
     skip_invalid: bool = False,
     shard_size: int | None = None,
     shard_timeout: int = DEFAULT_SHARD_TIMEOUT,
     on_progress: Callable[[int], None] | None = None,
     images: ImageAccess = NO_FILES,
 ) -> Submitted:
-    """Validate and store the file, then enqueue its shards. Redis is checked first, so a down Redis
-    leaves no job behind; if it fails midway, the job stays 'validating' and `resume` enqueues it."""
-    qname = queue or queue_name(model)
+    """Validate and store the file in prefix order, cut it into shards and enqueue them on the queue of
+    `priority`. Redis is checked first, so a down Redis leaves no job behind; if it fails midway, the job
+    stays 'validating' and `resume` enqueues it."""
+    qname = with_priority(queue, priority) if queue else queue_name(model, priority)
     try:
         redis.ping()
     except Exception as exc:
         raise RedisUnavailable(f"cannot reach Redis before submitting ({exc}); nothing was stored") from exc
+    # Kept with the job: shards enqueued again later (reconcile, resume, retry) are timed the same way.
+    options = {"shard_size": shard_size, "shard_timeout": shard_timeout, "priority": priority}
     loaded = load_job(
-        store, path, model, skip_invalid=skip_invalid, queue=qname, on_progress=on_progress, images=images
+        store,
+        path,
+        model,
+        skip_invalid=skip_invalid,
+        queue=qname,
+        shard_size=shard_size,
+        options=options,
+        on_progress=on_progress,
+        images=images,
     )
     if loaded.rejected:
         return Submitted(loaded, qname, [])
-    # Kept with the job: shards enqueued again later (reconcile, resume, retry) are cut and timed the same way.
-    options = {**store.get_job(loaded.job_id).options, "shard_size": shard_size, "shard_timeout": shard_timeout}
-    store.update_job(loaded.job_id, options=options)
     return Submitted(loaded, qname, _enqueue_or_explain(store, redis, loaded.job_id))
 
 
@@ -83,23 +92,43 @@ def shard_timeout_of(job: JobInfo) -> int:
 
 
 def enqueue(store: Store, redis: Redis, job_id: str, *, suffix: str = "") -> list[str]:
-    """Enqueue every shard of the job, cut and timed as at submit; requests with a result are skipped when run."""
+    """Enqueue the job's shards that hold requests without a result, cut at submit and timed as then."""
     job = store.get_job(job_id)
-    shards = plan_shards(job_id, job.total, job.options.get("shard_size"))
-    shards = [Shard(s.job_id, s.start, s.end, suffix=suffix) for s in shards]
+    shards = [Shard(job_id, s.first_pos, s.end_pos, suffix=suffix) for s in store.shards(job_id, pending_only=True)]
     ids = enqueue_shards(redis, job.queue or queue_name(job.model), shards, timeout=shard_timeout_of(job))
     store.transition(job_id, lifecycle.IN_PROGRESS, only_from=[lifecycle.VALIDATING])
     return ids
 
 
+class JobBusy(ValueError):
+    """The job still has shards queued or running; the message says what to do."""
+
+
 def resume(store: Store, redis: Redis, job_id: str) -> list[str]:
-    """Enqueue a job again: one left 'validating' by a failed submit, or one whose shards were lost."""
+    """Enqueue a job again: one left 'validating' by a failed submit, or one whose shards were lost.
+
+    Refused while any shard of the job is queued or running: a second copy would run the same requests on
+    two workers and charge their attempts twice.
+    """
     job = store.get_job(job_id)
     if job.status in lifecycle.TERMINAL:
         raise ValueError(f"job {job_id} is {job.status}; use `omlx-jobs retry` to run failed requests again")
     if job.total == 0:
         raise ValueError(f"job {job_id} has no requests to run")
+    live = job_shards_in_redis(redis, job)
+    if live:
+        raise JobBusy(
+            f"job {job_id} is running: {len(live)} shard(s) queued or started; nothing to resume. "
+            f"Wait for it (`omlx-jobs status {job_id}`), or cancel it first"
+        )
     return enqueue(store, redis, job_id, suffix=f"-r{uuid.uuid4().hex[:8]}")
+
+
+def job_shards_in_redis(redis: Redis, job: JobInfo) -> list[str]:
+    """RQ ids of the job's shards that Redis holds: waiting, being taken, running, scheduled or deferred."""
+    return sorted(
+        rq_id for rq_id in live_shards(redis, job.queue or queue_name(job.model)) if rq_id.startswith(f"{job.id}--")
+    )
 
 
 def cancel(store: Store, redis: Redis | None, job_id: str) -> str:
@@ -126,6 +155,7 @@ def retry(store: Store, redis: Redis, job_id: str, *, include_cancelled: bool = 
     if n == 0:
         return 0
     store.update_job(job_id, completed_at=None, cancelled_at=None, cancelling_at=None)
+    store.reset_shard_failures(job_id)
     store.transition(job_id, lifecycle.VALIDATING)
     _enqueue_or_explain(store, redis, job_id, suffix=f"-t{uuid.uuid4().hex[:8]}")
     return n
@@ -157,19 +187,33 @@ def reconcile(store: Store, redis: Redis, queue: str, *, grace: float = 0.0) -> 
             return Reconciled(deferred=True)
         done = Reconciled()
         live = live_shards(redis, queue)
+        live_bases = {shard_base_id(rq_id) for rq_id in live}
         for job_id in store.jobs_with_pending(queue, [lifecycle.IN_PROGRESS, lifecycle.CANCELLING]):
-            if any(rq_id.startswith(f"{job_id}--") for rq_id in live):
+            job = store.get_job(job_id)
+            if job.status == lifecycle.CANCELLING:
+                if not any(rq_id.startswith(f"{job_id}--") for rq_id in live):
+                    store.cancel_pending(job_id)
+                    lifecycle.finalize_if_done(store, job_id)
                 continue
-            if store.get_job(job_id).status == lifecycle.CANCELLING:
-                store.cancel_pending(job_id)
-                lifecycle.finalize_if_done(store, job_id)
-                continue
-            enqueue(store, redis, job_id, suffix=f"-c{uuid.uuid4().hex[:8]}")
-            done.requeued.append(job_id)
+            suffix = f"-c{uuid.uuid4().hex[:8]}"
+            lost = [
+                Shard(job_id, s.first_pos, s.end_pos, suffix=suffix)
+                for s in store.shards(job_id, pending_only=True)
+                if Shard(job_id, s.first_pos, s.end_pos).rq_id not in live_bases
+            ]
+            if lost:
+                enqueue_shards(redis, queue, lost, timeout=shard_timeout_of(job))
+                done.requeued.append(job_id)
         return done
     finally:
         with contextlib.suppress(LockError):
             lock.release()
+
+
+def shard_base_id(rq_id: str) -> str:
+    """An RQ id without the suffix a re-enqueue adds: JOB--START-END (see queue.Shard.rq_id)."""
+    job, sep, rest = rq_id.partition("--")
+    return job + sep + "-".join(rest.split("-")[:2])
 
 
 def live_shards(redis: Redis, queue: str) -> set[str]:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from typing import Any
 
 from omlx_jobs.store import Store
 from omlx_jobs.store.db import JobCounts, JobInfo
+from omlx_jobs.store.shards import WorkerShare
+
+log = logging.getLogger(__name__)
 
 VALIDATING = "validating"
 IN_PROGRESS = "in_progress"
@@ -26,24 +30,44 @@ def new_job_id() -> str:
     return f"batch_{uuid.uuid4().hex[:24]}"
 
 
-def finalize_if_done(store: Store, job_id: str) -> str:
-    """Move a job whose requests are all final to completed (or cancelled); return its status."""
+def finalize(store: Store, job_id: str) -> bool:
+    """Move a job whose requests are all final to completed (or cancelled). True for the one caller that did:
+    shards finishing together all call this, and the conditional transition lets exactly one through."""
     job = store.get_job(job_id)
     if job.status in TERMINAL or job.status == VALIDATING:
-        return job.status
-    counts = store.counts(job_id)
-    if counts.pending:
-        return job.status
+        return False
+    if store.counts(job_id).pending:
+        return False
     if job.status == CANCELLING:
-        store.transition(job_id, CANCELLED, only_from=[CANCELLING])
-        return CANCELLED
-    if store.transition(job_id, FINALIZING, only_from=[IN_PROGRESS]):
-        store.transition(job_id, COMPLETED, only_from=[FINALIZING])
+        done = store.transition(job_id, CANCELLED, only_from=[CANCELLING])
+    else:
+        done = store.transition(job_id, FINALIZING, only_from=[IN_PROGRESS])
+        if done:
+            store.transition(job_id, COMPLETED, only_from=[FINALIZING])
+    if done:
+        log.info("job %s finalized: %s", job_id, store.get_job(job_id).status)
+    return done
+
+
+def finalize_if_done(store: Store, job_id: str) -> str:
+    """finalize(), then the job's status."""
+    finalize(store, job_id)
     return store.get_job(job_id).status
 
 
-def summarize(job: JobInfo, counts: JobCounts, now: float | None = None) -> dict[str, Any]:
-    """A JSON-ready view of a job: OpenAI-style fields plus tokens, throughput, ETA and prefix efficiency."""
+def summarize(
+    job: JobInfo,
+    counts: JobCounts,
+    now: float | None = None,
+    *,
+    workers: list[WorkerShare] | None = None,
+    serving: int | None = None,
+) -> dict[str, Any]:
+    """A JSON-ready view of a job: OpenAI-style fields plus tokens, throughput, ETA and prefix efficiency.
+
+    `workers`: who ran the job's shards, with their request counts; `serving`: how many live workers listen
+    on the job's queue (None when Redis was not asked).
+    """
     now = time.time() if now is None else now
     done = counts.completed + counts.failed + counts.cancelled
     start = counts.first_started_at
@@ -94,6 +118,19 @@ def summarize(job: JobInfo, counts: JobCounts, now: float | None = None) -> dict
             "cache_peak_bytes": job.cache_peak_bytes,
         },
         "errors": job.errors,
+        "priority": job.options.get("priority", "normal"),
+        "queue": job.queue,
+        "workers": [
+            {
+                "worker": w.worker,
+                "model": w.model,
+                "completed": w.completed,
+                "failed": w.failed,
+                "shard_runs": w.shard_runs,
+            }
+            for w in workers or []
+        ],
+        "live_workers": serving,
     }
 
 

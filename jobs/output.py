@@ -23,6 +23,7 @@ OUTPUT_COLUMNS = (
     "error_code",
     "error_message",
     "finished_at",
+    "run_id",
 )
 
 # One encoder for every line: json.dumps with options builds a new one per call.
@@ -141,10 +142,18 @@ def output_line(row: Any, job_id: str, model: str) -> tuple[dict[str, Any], bool
     )
 
 
-def output_lines(rows: Iterable[Any], job_id: str, model: str) -> Iterator[tuple[str, bool]]:
-    """Serialized output lines (without newline) for the final rows, in the order given; pending rows skipped."""
+def output_lines(
+    rows: Iterable[Any], job_id: str, model: str, models: dict[int, str] | None = None
+) -> Iterator[tuple[str, bool]]:
+    """Serialized output lines (without newline) for the final rows, in the order given; pending rows skipped.
+
+    `models` maps a row's run_id to the model that run served: a result names the model that actually ran
+    (the job's `model` for rows without a run).
+    """
+    models = models or {}
     for row in rows:
         if row.status == "pending":
             continue
-        obj, is_error = output_line(row, job_id, model)
+        run_id = getattr(row, "run_id", None)
+        obj, is_error = output_line(row, job_id, models.get(run_id, model) if run_id is not None else model)
         yield _encode(obj), is_error

@@ -94,6 +94,22 @@ def _check_int(name: str, value: Any, lo: int, hi: int) -> int:
     return value
 
 
+MAX_SEED = 2**63 - 1
+
+
+def _check_seed(name: str, value: Any) -> int:
+    # MLX's random key takes an unsigned 64-bit integer (mx.random.key(-1) raises); choice i of a request
+    # uses seed + i, so seeds up to 2**63 - 1 leave room for n and fit a signed 64-bit column too.
+    if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= MAX_SEED:
+        raise BadValue(
+            "out_of_range",
+            name,
+            f"must be between 0 and {MAX_SEED} (MLX seeds are unsigned 64-bit integers), got {value}; "
+            "use a non-negative seed, or leave it out for a random one",
+        )
+    return _check_int(name, value, 0, MAX_SEED)
+
+
 def _check_float(name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise BadValue(ErrorCode.INVALID_TYPE, name, f"must be a number, got {describe(value)}")
@@ -136,7 +152,7 @@ _PARAM_CHECKS: dict[str, Any] = {
     "top_k": lambda n, v: _check_int(n, v, 0, 1_000_000),
     "min_p": lambda n, v: _check_float(n, v, 0.0, 1.0),
     "stop": _check_stop,
-    "seed": lambda n, v: _check_int(n, v, -(2**63), 2**63 - 1),
+    "seed": lambda n, v: _check_seed(n, v),
     "repetition_penalty": lambda n, v: _check_float(n, v, 0.0, 10.0, lo_open=True),
     "presence_penalty": lambda n, v: _check_float(n, v, -2.0, 2.0),
     "frequency_penalty": lambda n, v: _check_float(n, v, -2.0, 2.0),

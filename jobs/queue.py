@@ -69,21 +69,29 @@ def connect(url: str | None = None, *, check: bool = True) -> Redis:
     return conn
 
 
-def queue_name(model: str) -> str:
+PRIORITIES = ("high", "normal", "low")
+"""Submit's --priority. A worker listens on all three queues of its model and takes the highest first."""
+
+
+def queue_name(model: str, priority: str = "normal") -> str:
     """Workers serving `model` listen on this queue; submit and worker must name the model the same way."""
-    return f"{QUEUE_PREFIX}{model}"
+    return with_priority(f"{QUEUE_PREFIX}{model}", priority)
+
+
+def with_priority(base: str, priority: str) -> str:
+    """The queue of `priority` for a base queue name: the base itself for normal, base:high, base:low."""
+    if priority not in PRIORITIES:
+        raise ValueError(f"unknown priority {priority!r}; use one of {', '.join(PRIORITIES)}")
+    return base if priority == "normal" else f"{base}:{priority}"
+
+
+def priority_queues(base: str) -> list[str]:
+    """The queues a worker of `base` serves, highest priority first (RQ dequeues in this order)."""
+    return [with_priority(base, p) for p in PRIORITIES]
 
 
 def get_queue(conn: Redis, name: str) -> Queue:
     return Queue(name, connection=conn, serializer=JSONSerializer)
-
-
-def plan_shards(job_id: str, total: int, shard_size: int | None = None) -> list[Shard]:
-    """Cut [0, total) into contiguous shards; one shard per job unless `shard_size` is given."""
-    if total <= 0:
-        return []
-    size = shard_size or total
-    return [Shard(job_id, s, min(s + size, total)) for s in range(0, total, size)]
 
 
 def enqueue_shards(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Queue
@@ -13,7 +15,9 @@ from omlx_jobs.errors import ErrorCode, OmlxError
 from omlx_jobs.jobs import lifecycle
 from omlx_jobs.jobs.formats import NO_FILES, InputError, parse_stream
 from omlx_jobs.jobs.images import ImageAccess
+from omlx_jobs.jobs.sharding import DEFAULT_SHARD_SIZE, cut_shards, request_key
 from omlx_jobs.store import RequestStatus, Store
+from omlx_jobs.store.shards import END_KEY, ShardCut
 
 MAX_REPORTED_ERRORS = 1000
 INSERT_CHUNK = 2000
@@ -93,18 +97,77 @@ def load_job(
     skip_invalid: bool = False,
     queue: str | None = None,
     job_id: str | None = None,
+    shard_size: int | None = None,
+    options: dict[str, Any] | None = None,
     on_progress: Callable[[int], None] | None = None,
     images: ImageAccess = NO_FILES,
 ) -> LoadResult:
-    """Create a job and its request rows from a JSONL stream; never holds the whole file in memory.
+    """Create a job and its request rows from a JSONL stream, in prefix order, cut into shards; never holds
+    the whole file in memory (the database sorts the keys).
 
     `images` says where images in messages may come from (data: URIs only by default).
 
     With bad lines and no `skip_invalid`, the job is marked failed with the errors and keeps no requests.
+    If loading stops midway (Ctrl-C, a signal, an error), the job is removed again: none is left half-made.
     """
     job_id = job_id or lifecycle.new_job_id()
     name = str(Path(source).resolve()) if isinstance(source, Path) else getattr(source, "name", None)
-    store.create_job(job_id, model, queue=queue, input_file=name, options={"skip_invalid": skip_invalid})
+    # Opened before the job exists: opening a FIFO blocks until a writer comes, and Ctrl-C may come first.
+    stream = open(source, "rb") if isinstance(source, Path) else source  # noqa: SIM115
+    try:
+        opts = {"skip_invalid": skip_invalid, **(options or {})}
+        store.create_job(job_id, model, queue=queue, input_file=name, options=opts)
+        try:
+            result = _load_rows(store, stream, job_id, skip_invalid, on_progress, images)
+            if not result.rejected:
+                cut_job(store, job_id, shard_size or DEFAULT_SHARD_SIZE)
+                store.update_job(job_id, total=result.total, errors=[e.to_dict() for e in result.errors] or None)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the store may be what failed; the original error matters
+                store.delete_job(job_id)
+            raise
+    finally:
+        if stream is not source:
+            stream.close()
+    return result
+
+
+def cut_job(store: Store, job_id: str, shard_size: int) -> int:
+    """Cut the job's pending requests, in prefix order, into shards and store them; returns how many.
+
+    The keys stream from an index scan; only the keys of the open shard's window are held (to name bounds).
+    """
+    window: dict[int, tuple[bytes, int]] = {}  # position -> (sort_key, idx), for positions not cut yet
+
+    def keys() -> Iterator[bytes]:
+        for pos, (key, idx) in enumerate(store.iter_pending_keys(job_id)):
+            window[pos] = (key, idx)
+            yield key
+
+    cuts: list[ShardCut] = []
+    for c in cut_shards(keys(), shard_size):
+        first_key, first_idx = window[c.first]
+        if cuts:  # the previous shard ends where this one starts
+            cuts[-1] = dataclasses.replace(cuts[-1], end_key=first_key, end_idx=first_idx)
+        cuts.append(
+            ShardCut(
+                c.first, c.end, first_key, first_idx, END_KEY, 0, c.group_first, c.group_last, c.lead_rows, c.tail_rows
+            )
+        )
+        for pos in range(c.first, c.end):
+            window.pop(pos, None)
+    store.add_shards(job_id, cuts)
+    return len(cuts)
+
+
+def _load_rows(
+    store: Store,
+    stream: IO[bytes],
+    job_id: str,
+    skip_invalid: bool,
+    on_progress: Callable[[int], None] | None,
+    images: ImageAccess,
+) -> LoadResult:
     result = LoadResult(job_id)
     rows: list[dict[str, Any]] = []
     writer = _ChunkWriter(store)
@@ -117,7 +180,6 @@ def load_job(
         if on_progress:
             on_progress(result.total)
 
-    stream = open(source, "rb") if isinstance(source, Path) else source  # noqa: SIM115
     try:
         for item in parse_stream(stream, images):
             if isinstance(item, InputError):
@@ -140,6 +202,7 @@ def load_job(
                         "endpoint": item.endpoint,
                         "body": item.body,
                         "status": RequestStatus.PENDING,
+                        "sort_key": request_key(item.endpoint, item.body),
                     }
                 )
             result.total += 1
@@ -148,8 +211,6 @@ def load_job(
         flush()
     finally:
         writer.close()
-        if stream is not source:
-            stream.close()
     writer.check()
 
     if result.valid + result.invalid == 0:
@@ -161,8 +222,6 @@ def load_job(
         store.update_job(job_id, total=0, errors=[e.to_dict() for e in result.errors])
         store.transition(job_id, lifecycle.FAILED)
         result.total = 0
-        return result
-    store.update_job(job_id, total=result.total, errors=[e.to_dict() for e in result.errors] or None)
     return result
 
 

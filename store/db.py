@@ -20,19 +20,21 @@ from sqlalchemy import (
     delete,
     event,
     func,
-    insert,
     or_,
     select,
     update,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 
 from omlx_jobs.errors import ErrorCode
+from omlx_jobs.store import schema
 from omlx_jobs.store import statements as st
-from omlx_jobs.store.errors import JobNotFound, StoreError, retrying, safe_url
-from omlx_jobs.store.models import FINAL_REQUEST_STATUSES, Base, Job, Request, RequestStatus
+from omlx_jobs.store.errors import JobNotFound, StoreError, StoreMissing, is_data_error, retrying, safe_url
+from omlx_jobs.store.jobs import JobCounts, JobInfo, JobStore
+from omlx_jobs.store.models import FINAL_REQUEST_STATUSES, Request, RequestStatus, ShardRun
 from omlx_jobs.store.rows import CompletionRow
+from omlx_jobs.store.shards import ShardStore, in_shard
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -60,50 +62,10 @@ def default_database_url(db_path: str | os.PathLike[str] | None = None) -> str:
     return f"sqlite:///{(data_dir() / DB_FILENAME).resolve()}"
 
 
-def open_store(url: str | None = None, db_path: str | os.PathLike[str] | None = None) -> Store:
-    """Open (and create if needed) the store at `url`, or the default location."""
-    return Store(url or default_database_url(db_path))
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    id: str
-    model: str
-    queue: str | None
-    input_file: str | None
-    status: str
-    total: int
-    errors: list[dict[str, Any]] | None
-    options: dict[str, Any]
-    created_at: float
-    in_progress_at: float | None
-    finalizing_at: float | None
-    completed_at: float | None
-    failed_at: float | None
-    cancelling_at: float | None
-    cancelled_at: float | None
-    prefill_tokens: int
-    trie_min_tokens: int
-    cache_hits: int
-    cache_misses: int
-    cache_evictions: int
-    cache_peak_bytes: int
-
-
-@dataclass(frozen=True)
-class JobCounts:
-    """Request counts and token totals of one job."""
-
-    total: int
-    pending: int
-    completed: int
-    failed: int
-    cancelled: int
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    first_started_at: float | None
-    last_finished_at: float | None
+def open_store(url: str | None = None, db_path: str | os.PathLike[str] | None = None, *, create: bool = True) -> Store:
+    """Open the store at `url`, or the default location; with create=False a missing database is an error
+    (StoreMissing) rather than a new empty file: read-only commands must not leave one behind."""
+    return Store(url or default_database_url(db_path), create=create)
 
 
 @dataclass(frozen=True)
@@ -115,15 +77,17 @@ class PendingRequest:
     endpoint: str
     body: dict[str, Any]
     attempts: int
+    sort_key: bytes = b""
 
 
-_JOB_COLUMNS = [c.name for c in Job.__table__.columns]
+UNSTORABLE = ErrorCode.UNSTORABLE_RESULT
+"""The error code of a result the database refused (its data, not the database, was the problem)."""
 
 
-class Store:
-    """All reads and writes of jobs and requests."""
+class Store(JobStore, ShardStore):
+    """All reads and writes: jobs (JobStore), requests (here), shards and shard runs (ShardStore)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, create: bool = True) -> None:
         self.url = url
         parsed = make_url(url)
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
@@ -131,6 +95,11 @@ class Store:
         if self.is_sqlite:
             database = parsed.database
             if database and database != ":memory:" and not database.startswith("file:"):
+                if not create and not Path(database).exists():
+                    raise StoreMissing(
+                        f"no database at {database}: nothing was submitted there yet. Point --db (or "
+                        "OMLX_JOBS_DB / OMLX_JOBS_DATABASE_URL) at the database `submit` used"
+                    )
                 _create_private_file(Path(database))
             kwargs["connect_args"] = {"timeout": 30}
         else:
@@ -141,106 +110,19 @@ class Store:
             raise StoreError(f"cannot open the database {safe_url(url)}: {exc}") from exc
         if self.is_sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        self._create_tables()
+        self._upgrade(create)
 
     @retrying
-    def _create_tables(self) -> None:
-        try:
-            Base.metadata.create_all(self.engine)
-        except OperationalError as exc:
-            # Two processes starting on a fresh database race to create the tables; the loser looks again.
-            if "already exists" not in str(exc):
-                raise
-            Base.metadata.create_all(self.engine)
+    def _upgrade(self, create: bool) -> None:
+        """Migrate to the current schema (store/schema.py); a read-only open of an empty database stops."""
+        if not create:
+            with self.engine.connect() as conn:
+                if not schema.has_tables(conn):
+                    raise StoreMissing(f"the database {safe_url(self.url)} holds no omlx-jobs tables yet")
+        schema.upgrade(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()
-
-    # ---- jobs -------------------------------------------------------------------------------------
-
-    @retrying
-    def create_job(
-        self,
-        job_id: str,
-        model: str,
-        *,
-        queue: str | None = None,
-        input_file: str | None = None,
-        options: dict[str, Any] | None = None,
-        status: str = "validating",
-    ) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(
-                insert(Job).values(
-                    id=job_id,
-                    model=model,
-                    queue=queue,
-                    input_file=input_file,
-                    status=status,
-                    total=0,
-                    options=options or {},
-                    created_at=time.time(),
-                    prefill_tokens=0,
-                    trie_min_tokens=0,
-                    cache_hits=0,
-                    cache_misses=0,
-                    cache_evictions=0,
-                    cache_peak_bytes=0,
-                )
-            )
-
-    @retrying
-    def get_job(self, job_id: str) -> JobInfo:
-        with self.engine.connect() as conn:
-            row = conn.execute(select(Job.__table__).where(Job.id == job_id)).mappings().first()
-        if row is None:
-            raise JobNotFound(f"no job {job_id!r} in {safe_url(self.url)}: run `omlx-jobs jobs` to list jobs")
-        data = dict(row)
-        data["options"] = data.get("options") or {}
-        return JobInfo(**data)
-
-    @retrying
-    def list_jobs(self, limit: int = 50) -> list[JobInfo]:
-        with self.engine.connect() as conn:
-            rows = conn.execute(select(Job.__table__).order_by(Job.created_at.desc()).limit(limit)).mappings()
-            return [JobInfo(**{**dict(r), "options": r["options"] or {}}) for r in rows]
-
-    @retrying
-    def update_job(self, job_id: str, **fields: Any) -> None:
-        unknown = set(fields) - set(_JOB_COLUMNS)
-        if unknown:
-            raise ValueError(f"unknown job fields {sorted(unknown)}")
-        with self.engine.begin() as conn:
-            conn.execute(update(Job).where(Job.id == job_id).values(**fields))
-
-    @retrying
-    def transition(self, job_id: str, to_status: str, *, only_from: Iterable[str] | None = None) -> bool:
-        """Set the job's status (and its `<status>_at` timestamp) if it is in `only_from`. True if changed."""
-        values: dict[str, Any] = {"status": to_status}
-        stamp = f"{to_status}_at"
-        if stamp in _JOB_COLUMNS:
-            values[stamp] = time.time()
-        stmt = update(Job).where(Job.id == job_id)
-        if only_from is not None:
-            stmt = stmt.where(Job.status.in_(list(only_from)))
-        with self.engine.begin() as conn:
-            return conn.execute(stmt.values(**values)).rowcount > 0
-
-    @retrying
-    def add_job_stats(self, job_id: str, *, peak_bytes: int = 0, **deltas: int) -> None:
-        """Add prefix-accounting deltas (prefill_tokens, trie_min_tokens, cache_*) to the job atomically."""
-        values: dict[str, Any] = {}
-        for name, delta in deltas.items():
-            if name not in _JOB_COLUMNS:
-                raise ValueError(f"unknown job stat {name}")
-            if delta:
-                values[name] = getattr(Job, name) + int(delta)
-        if peak_bytes:  # SQLite's two-argument max() is other databases' greatest()
-            larger = func.max if self.is_sqlite else func.greatest
-            values["cache_peak_bytes"] = larger(Job.cache_peak_bytes, int(peak_bytes))
-        if values:
-            with self.engine.begin() as conn:
-                conn.execute(update(Job).where(Job.id == job_id).values(**values))
 
     # ---- requests: writing ---------------------------------------------------------------------
 
@@ -288,21 +170,59 @@ class Store:
         """Store one finished request; `fields` are CompletionRow's (a wrong name raises TypeError)."""
         return self.record_completions([CompletionRow(id=request_id, **fields)]) == 1
 
-    @retrying
-    def record_completions(self, results: Sequence[CompletionRow]) -> int:
+    def record_completions(self, results: Sequence[CompletionRow], *, run_id: int | None = None) -> int:
         """Store finished requests in one transaction; returns how many were stored.
 
-        Only a pending request takes a result, so there is never a second one.
+        Only a pending request takes a result, so there is never a second one. `run_id` (a shard run) is
+        recorded with each result and counts them.
+
+        A result whose data the database refuses (a value out of range, say) is not a store failure: the
+        batch is stored row by row, and each refused request fails alone with `unstorable_result`.
         """
-        now = time.time()
+        try:
+            return self._record_completions(results, run_id)
+        except _RowRefused:
+            pass
         stored = 0
-        with self.engine.begin() as conn:
-            for row in results:
-                stored += conn.execute(st.COMPLETE, st.completion_params(row, now)).rowcount
+        for r in results:
+            try:
+                stored += self._record_completions([r], run_id)
+            except _RowRefused as refused:
+                message = (
+                    f"the database refused this result ({refused.reason}); nothing was stored for it. "
+                    "Run `omlx-jobs retry JOB` to generate it again"
+                )
+                self.record_failure(r.id, UNSTORABLE, message, prompt_tokens=None, run_id=run_id)
         return stored
 
     @retrying
-    def record_failure(self, request_id: int, code: str, message: str, *, prompt_tokens: int | None = None) -> bool:
+    def _record_completions(self, results: Sequence[CompletionRow], run_id: int | None) -> int:
+        now = time.time()
+        stored = 0
+        try:
+            with self.engine.begin() as conn:
+                for row in results:
+                    stored += conn.execute(st.COMPLETE, {**st.completion_params(row, now), "run_id": run_id}).rowcount
+                if run_id is not None and stored:
+                    conn.execute(
+                        update(ShardRun).where(ShardRun.id == run_id).values(completed=ShardRun.completed + stored)
+                    )
+        except Exception as exc:
+            if is_data_error(exc):
+                raise _RowRefused(exc) from exc
+            raise
+        return stored
+
+    @retrying
+    def record_failure(
+        self,
+        request_id: int,
+        code: str,
+        message: str,
+        *,
+        prompt_tokens: int | None = None,
+        run_id: int | None = None,
+    ) -> bool:
         """Mark a pending request failed with a typed error code."""
         with self.engine.begin() as conn:
             res = conn.execute(
@@ -314,9 +234,25 @@ class Store:
                     error_message=message,
                     prompt_tokens=prompt_tokens,
                     finished_at=time.time(),
+                    run_id=run_id,
                 )
             )
+            if run_id is not None and res.rowcount:
+                conn.execute(update(ShardRun).where(ShardRun.id == run_id).values(failed=ShardRun.failed + 1))
             return res.rowcount > 0
+
+    @retrying
+    def fail_pending(self, job_id: str, first_pos: int, code: str, message: str) -> int:
+        """Fail every pending request of the shard at `first_pos` with one error; returns how many."""
+        bounds = self.shard_bounds(job_id, first_pos)
+        if bounds is None:
+            return 0
+        with self.engine.begin() as conn:
+            return conn.execute(
+                update(Request)
+                .where(Request.job_id == job_id, Request.status == RequestStatus.PENDING, in_shard(bounds))
+                .values(status=RequestStatus.FAILED, error_code=code, error_message=message, finished_at=time.time())
+            ).rowcount
 
     @retrying
     def cancel_pending(self, job_id: str, request_ids: list[int] | None = None) -> int:
@@ -363,10 +299,14 @@ class Store:
 
     @retrying
     def pending_requests(self, job_id: str, start: int = 0, end: int | None = None) -> list[PendingRequest]:
-        """Requests of the shard [start, end) that have no final result yet, in input order."""
-        cond = [Request.job_id == job_id, Request.status == RequestStatus.PENDING, Request.idx >= start]
+        """Requests of the shard starting at position `start` without a final result, in prefix order; with
+        end=None, every pending request of the job (`omlx-jobs run`). A shard the job lacks has none."""
+        cond = [Request.job_id == job_id, Request.status == RequestStatus.PENDING]
         if end is not None:
-            cond.append(Request.idx < end)
+            bounds = self.shard_bounds(job_id, start)
+            if bounds is None:
+                return []
+            cond.append(in_shard(bounds))
         cols = (
             Request.id,
             Request.idx,
@@ -375,43 +315,11 @@ class Store:
             Request.endpoint,
             Request.body,
             Request.attempts,
+            Request.sort_key,
         )
         with self.engine.connect() as conn:
-            rows = conn.execute(select(*cols).where(and_(*cond)).order_by(Request.idx))
-            return [PendingRequest(*r) for r in rows]
-
-    @retrying
-    def counts(self, job_id: str) -> JobCounts:
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(
-                    Request.status,
-                    func.count(),
-                    func.coalesce(func.sum(Request.prompt_tokens), 0),
-                    func.coalesce(func.sum(Request.cached_tokens), 0),
-                    func.coalesce(func.sum(Request.completion_tokens), 0),
-                    func.min(Request.started_at),
-                    func.max(Request.finished_at),
-                )
-                .where(Request.job_id == job_id)
-                .group_by(Request.status)
-            ).all()
-        by_status = {r[0]: r[1] for r in rows}
-        done = [r for r in rows if r[0] == RequestStatus.COMPLETED]
-        starts = [r[5] for r in rows if r[5] is not None]
-        ends = [r[6] for r in rows if r[6] is not None and r[0] != RequestStatus.PENDING]
-        return JobCounts(
-            total=sum(by_status.values()),
-            pending=by_status.get(RequestStatus.PENDING, 0),
-            completed=by_status.get(RequestStatus.COMPLETED, 0),
-            failed=by_status.get(RequestStatus.FAILED, 0),
-            cancelled=by_status.get(RequestStatus.CANCELLED, 0),
-            prompt_tokens=int(sum(r[2] for r in done)),
-            cached_tokens=int(sum(r[3] for r in done)),
-            completion_tokens=int(sum(r[4] for r in done)),
-            first_started_at=min(starts) if starts else None,
-            last_finished_at=max(ends) if ends else None,
-        )
+            rows = conn.execute(select(*cols).where(and_(*cond)).order_by(Request.sort_key, Request.idx))
+            return [PendingRequest(*r[:-1], sort_key=r[-1] or b"") for r in rows]
 
     def iter_requests(
         self, job_id: str, batch_size: int = 1000, *, columns: Sequence[str] | None = None
@@ -448,21 +356,20 @@ class Store:
             ).all()
 
     @retrying
-    def jobs_with_pending(self, queue: str, statuses: Iterable[str]) -> list[str]:
-        """Ids of jobs on `queue`, in one of `statuses`, that still have pending requests."""
-        pending = select(Request.id).where(Request.job_id == Job.id, Request.status == RequestStatus.PENDING)
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(Job.id).where(Job.queue == queue, Job.status.in_(list(statuses)), pending.exists())
-            )
-            return [r[0] for r in rows]
-
-    @retrying
     def request_statuses(self, job_id: str) -> dict[str, str]:
         """custom_id -> status, for tests and small jobs."""
         with self.engine.connect() as conn:
             rows = conn.execute(select(Request.custom_id, Request.status).where(Request.job_id == job_id))
             return {r[0]: r[1] for r in rows}
+
+
+class _RowRefused(Exception):
+    """The database refused a row's data; record_completions then stores the batch row by row."""
+
+    def __init__(self, exc: BaseException) -> None:
+        text = str(getattr(exc, "orig", None) or exc)
+        self.reason = (text.splitlines() or [type(exc).__name__])[0][:300]
+        super().__init__(self.reason)
 
 
 def _chunks(items: list[int], n: int) -> Iterator[list[int]]:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError, SQLAlchemyError, StatementError
 
 from omlx_jobs.errors import OmlxError
 
@@ -24,6 +24,26 @@ class StoreError(OmlxError, RuntimeError):
 
 class JobNotFound(StoreError):
     """No job with this id."""
+
+
+class StoreMissing(StoreError):
+    """A read-only command found no database (it never creates one)."""
+
+
+# Raised while binding one row's values: the row is wrong, not the database.
+_BIND_ERRORS = (OverflowError, UnicodeError, ValueError, TypeError)
+
+
+def is_data_error(exc: BaseException) -> bool:
+    """True when the database (or its driver) refused a value of the row, e.g. a number out of range.
+
+    Such an error fails that row alone; anything else (locked, full, unreachable) is about the database.
+    """
+    if isinstance(exc, (DataError, IntegrityError)):
+        return True
+    if isinstance(exc, StatementError) and not isinstance(exc, OperationalError):
+        return isinstance(exc.orig, _BIND_ERRORS)
+    return isinstance(exc, _BIND_ERRORS)
 
 
 def friendly(exc: SQLAlchemyError, url: str) -> StoreError:

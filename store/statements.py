@@ -13,6 +13,7 @@ from sqlalchemy.exc import DBAPIError
 
 from omlx_jobs.store.models import Request, RequestStatus
 from omlx_jobs.store.rows import RESULT_COLUMNS, CompletionRow
+from omlx_jobs.store.textcodec import encode
 
 REQUEST_INSERT_FIELDS = (
     "job_id",
@@ -27,12 +28,18 @@ REQUEST_INSERT_FIELDS = (
     "created_at",
     "finished_at",
     "attempts",
+    "sort_key",
 )
 
 
 # Bodies arrive as JSON text (see _request_values), so the insert binds them as plain text.
 INSERT_PARAM_NAMES = tuple("body_json" if f == "body" else f for f in REQUEST_INSERT_FIELDS)
-INSERT_REQUESTS = insert(Request).values(body=bindparam("body_json", type_=Text))
+# Values come from request_values, already encoded: plain Text binds, so SafeText does not encode them twice.
+INSERT_REQUESTS = insert(Request).values(
+    body=bindparam("body_json", type_=Text),
+    custom_id=bindparam("custom_id", type_=Text),
+    error_message=bindparam("error_message", type_=Text),
+)
 SQLITE_INSERT_REQUESTS = (
     f"INSERT INTO {Request.__tablename__} ({', '.join(REQUEST_INSERT_FIELDS)}) "
     f"VALUES ({', '.join('?' for _ in REQUEST_INSERT_FIELDS)})"
@@ -41,21 +48,26 @@ COPY_REQUESTS = f"COPY {Request.__tablename__} ({', '.join(REQUEST_INSERT_FIELDS
 
 
 def request_values(row: dict[str, Any], now: float) -> tuple[Any, ...]:
-    """One row as a tuple in REQUEST_INSERT_FIELDS order, defaults filled in and the body as JSON text."""
+    """One row as a tuple in REQUEST_INSERT_FIELDS order, defaults filled in and the body as JSON text.
+
+    The bulk paths skip SQLAlchemy's type processing, so text columns are encoded here (textcodec); the body's
+    JSON is ASCII (json.dumps escapes NUL and surrogates), which every backend stores.
+    """
     body = row.get("body")
     return (
         row["job_id"],
         row["idx"],
         row["line"],
-        row["custom_id"],
+        encode(row["custom_id"]),
         row["endpoint"],
         None if body is None else json.dumps(body),
         row.get("status") or RequestStatus.PENDING,
         row.get("error_code"),
-        row.get("error_message"),
+        encode(row.get("error_message")),
         row.get("created_at") or now,
         row.get("finished_at"),
         row.get("attempts") or 0,
+        row.get("sort_key") or b"",  # empty: the row keeps file order (invalid lines, tests)
     )
 
 
@@ -86,6 +98,7 @@ COMPLETE = (
         error_message=None,
         started_at=func.coalesce(Request.started_at, bindparam("started")),
         finished_at=bindparam("finished_at"),
+        run_id=bindparam("run_id"),
     )
 )
 

@@ -92,3 +92,15 @@ def test_dockerfile_installs_the_package_with_cpu_and_postgres(services: dict[st
     assert "libopenblas0-pthread" in text  # preloaded for MLX's CPU backend (worker/blas.py)
     for copied in ("pyproject.toml", "cli.py", "jobs", "store", "worker"):
         assert re.search(rf"^COPY .*\b{re.escape(copied)}\b", text, re.M), copied
+
+
+def test_workers_are_replicas_sharing_one_store_and_queue(services: dict[str, Any]) -> None:
+    worker = services["worker"]
+    replicas = int(interpolate(str(worker["deploy"]["replicas"])))
+    assert replicas >= 2  # several workers on one job by default
+    assert "container_name" not in worker and "ports" not in worker  # either would stop Compose scaling it
+    env = as_dict(worker["environment"])
+    assert "OMLX_JOBS_DATABASE_URL" in env and "OMLX_JOBS_DB" not in env  # PostgreSQL, not a per-replica file
+    command = worker["command"]
+    args = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    assert "--name" not in args and "--queue" not in args  # unique RQ names; the model's queue for all

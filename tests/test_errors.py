@@ -24,7 +24,15 @@ def test_a_code_reads_and_serializes_as_its_value() -> None:
 
 def test_code_sets_partition_what_users_can_see() -> None:
     assert not INPUT_ERROR_CODES & SERVER_ERROR_CODES
-    assert {"engine_error", "too_many_attempts", "worker_lost", "timeout", "server_error"} == SERVER_ERROR_CODES
+    assert {
+        "engine_error",
+        "too_many_attempts",
+        "worker_lost",
+        "timeout",
+        "server_error",
+        "shard_failed",
+        "unstorable_result",
+    } == SERVER_ERROR_CODES
     assert "empty_file" in INPUT_ERROR_CODES and "context_length_exceeded" not in INPUT_ERROR_CODES
 
 

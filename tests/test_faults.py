@@ -317,7 +317,8 @@ def test_worker_survives_a_redis_restart_and_reconciles(
             assert_exactly_once(c, job, expected)
             logs = c.logs(tail=100_000)
             assert "no shard in Redis" in logs  # reconcile re-enqueued the lost shards...
-            assert f"{job}--180-240-c" in logs  # ...cut as at submit, so several workers can share them
+            last = c.store.shards(job)[-1]  # ...cut as at submit (prefix-aware, about 60 each), so several
+            assert len(c.store.shards(job)) >= 3 and f"{job}--{last.first_pos}-{last.end_pos}-c" in logs  # share
             # The same worker process still serves: a new job after the restart is done too.
             second = c.submit(write_greedy(tmp_path / "more.jsonl", 5))
             c.wait_until("the second job", lambda: c.completed(second) == 5, timeout=60)
@@ -332,7 +333,10 @@ def test_a_running_shard_is_not_handed_out_again_after_a_redis_restart(tmp_path:
     with RedisServer(tmp_path) as server:
         c = Cluster(tmp_path, server.url(), tiny_model_dir, WORKER_ARGS)
         try:
-            job = c.submit(src, "--shard-size", "100")  # a long shard (for a worker decoding one at a time)...
+            # A long shard (for a worker decoding one at a time) and a short one: cuts fall between prefix
+            # groups, each within [45, 135] requests here, so 140 requests make about 90 + 50.
+            job = c.submit(src, "--shard-size", "90")
+            assert len(c.store.shards(job)) == 2
             slow = c.start_worker("--batch-size", "1", "--prefill-batch-size", "1", burst=False)
             c.wait_until("the long shard to start", lambda: c.completed(job) >= 1)
             idle = c.start_worker(burst=False)  # ...and a short one, that this worker takes before it idles

@@ -273,7 +273,7 @@ def test_every_supported_param_is_accepted() -> None:
         "top_k": 40,
         "min_p": 0.05,
         "stop": ["\n"],
-        "seed": -1,
+        "seed": 2**63 - 1,  # the largest seed (negative ones are refused: MLX seeds are unsigned)
         "repetition_penalty": 1.1,
         "presence_penalty": -2,
         "frequency_penalty": 2,

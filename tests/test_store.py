@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.synchronize
 import os
 import stat
 from pathlib import Path
@@ -10,6 +12,7 @@ import pytest
 
 from omlx_jobs.store import RequestStatus, Store, open_store
 from omlx_jobs.store.db import JobNotFound, default_database_url
+from omlx_jobs.store.rows import CompletionRow
 
 
 def make_job(store: Store, n: int = 5, job_id: str = "batch_test") -> str:
@@ -57,8 +60,12 @@ def test_job_lifecycle_and_counts(store_url: str) -> None:
     c = store.counts(job)
     assert (c.total, c.completed, c.failed, c.cancelled, c.pending) == (5, 1, 1, 1, 2)
     assert (c.prompt_tokens, c.cached_tokens, c.completion_tokens) == (4, 1, 2)
+    from omlx_jobs.store.shards import END_KEY, ShardCut
+
+    store.add_shards(job, [ShardCut(0, 3, b"", 0, b"", 3), ShardCut(3, 5, b"", 3, END_KEY, 0)])
     assert [p.custom_id for p in store.pending_requests(job, 3, 5)] == ["c3", "c4"]
-    assert [p.custom_id for p in store.pending_requests(job, 0, 4)] == ["c3"]
+    assert [p.custom_id for p in store.pending_requests(job, 0, 3)] == []  # c0-c2 have final results
+    assert [p.custom_id for p in store.pending_requests(job, 1, 3)] == []  # no shard starts there
     rows = list(store.iter_requests(job, batch_size=2))
     assert [r.custom_id for r in rows] == ["c0", "c1", "c2", "c3", "c4"]
     assert rows[0].output_text == "hi" and rows[0].attempts == 1 and rows[1].error_code == "context_length_exceeded"
@@ -163,3 +170,182 @@ def test_retry_can_keep_permanent_failures(store_url: str) -> None:
     store.record_failure(b, "engine_error", "boom")
     assert store.reset_for_retry(job, retry_codes=["engine_error"]) == 1
     assert store.request_statuses(job) == {"c0": "failed", "c1": "pending"}
+
+
+# Text a model can emit that some database refuses as it is: NUL (PostgreSQL), lone surrogates (UTF-8), and
+# the codec's own escape character with what follows it in an escape.
+ODD_TEXTS = ["a\x00b", "\x00", "x\ud800y\udfff", "\ufdd0", "\ufdd00\ufdd01\ufdd0sd800", "plain", "", "é\x00\U0001f600"]
+
+
+def test_any_model_text_round_trips_exactly(store_url: str) -> None:
+    from omlx_jobs.jobs.output import OUTPUT_COLUMNS
+
+    store = Store(store_url)
+    job = make_job(store, len(ODD_TEXTS))
+    pending = store.pending_requests(job)
+    stored = store.record_completions(
+        [
+            CompletionRow(
+                id=p.id,
+                output_text=text,
+                more_choices=[{"text": text + "!", "finish_reason": "stop"}, {"text": text, "finish_reason": "x"}],
+                finish_reason="stop",
+                prompt_tokens=1,
+                cached_tokens=0,
+                completion_tokens=1,
+            )
+            for p, text in zip(pending, ODD_TEXTS, strict=True)
+        ]
+    )
+    assert stored == len(ODD_TEXTS)
+    store.close()
+    rows = list(Store(store_url).iter_requests(job, columns=OUTPUT_COLUMNS))  # a fresh connection reads them
+    assert [r.output_text for r in rows] == ODD_TEXTS
+    assert [r.more_choices[0]["text"] for r in rows] == [t + "!" for t in ODD_TEXTS]
+    assert [r.more_choices[1]["text"] for r in rows] == ODD_TEXTS
+
+
+def test_odd_custom_ids_and_error_messages_round_trip(store_url: str) -> None:
+    store = Store(store_url)
+    store.create_job("batch_odd", "m")
+    store.add_requests(
+        [
+            {
+                "job_id": "batch_odd",
+                "idx": i,
+                "line": i + 1,
+                "custom_id": f"id{text}",
+                "endpoint": "",
+                "body": None,
+                "status": RequestStatus.FAILED,
+                "error_code": "invalid_value",
+                "error_message": f"bad {text}",
+            }
+            for i, text in enumerate(ODD_TEXTS)
+        ]
+    )
+    rows = list(store.iter_requests("batch_odd"))
+    assert [r.custom_id for r in rows] == [f"id{t}" for t in ODD_TEXTS]
+    assert [r.error_message for r in rows] == [f"bad {t}" for t in ODD_TEXTS]
+
+
+def test_a_result_the_database_refuses_fails_alone(store_url: str) -> None:
+    from omlx_jobs.store.db import UNSTORABLE
+
+    store = Store(store_url)
+    job = make_job(store, 3)
+    a, b, c = store.pending_requests(job)
+    run = store.start_run(job, 0, 3, "w1", "model-x")
+
+    def result(rid: int, prompt_tokens: int) -> CompletionRow:
+        return CompletionRow(
+            id=rid,
+            output_text="ok",
+            finish_reason="stop",
+            prompt_tokens=prompt_tokens,
+            cached_tokens=0,
+            completion_tokens=1,
+        )
+
+    # 2**64 fits no integer column (SQLite's driver and PostgreSQL's server both refuse it).
+    assert store.record_completions([result(a.id, 1), result(b.id, 2**64), result(c.id, 3)], run_id=run) == 2
+    rows = {r.custom_id: r for r in store.iter_requests(job)}
+    assert (rows["c0"].status, rows["c2"].status) == ("completed", "completed")
+    assert rows["c1"].status == "failed" and rows["c1"].error_code == UNSTORABLE
+    assert "retry" in rows["c1"].error_message
+    (share,) = store.job_workers(job)
+    assert (share.worker, share.model, share.completed, share.failed) == ("w1", "model-x", 2, 1)
+    assert store.record_completions([result(c.id, 3)]) == 0  # the store still works, and stays exactly-once
+
+
+def _concurrent_writer(
+    url: str, job: str, ids: list[int], n: int, barrier: multiprocessing.synchronize.Barrier
+) -> None:
+    store = Store(url)
+    run = store.start_run(job, 0, 0, f"w{n}", "m")
+    barrier.wait()
+    for rid in ids:
+        store.mark_started([rid])
+        store.add_job_stats(job, prefill_tokens=1, cache_hits=1, peak_bytes=rid)
+        result = CompletionRow(
+            id=rid, output_text=f"w{n}", finish_reason="stop", prompt_tokens=1, cached_tokens=0, completion_tokens=1
+        )
+        store.record_completions([result], run_id=run)
+    from omlx_jobs.jobs import lifecycle
+
+    lifecycle.finalize_if_done(store, job)
+    store.close()
+
+
+def test_concurrent_writers_never_lose_an_update(store_url: str) -> None:
+    """Four processes complete the same 60 requests at once (each tries all of them): every request gets
+    exactly one result, every counter update lands, the job is finalized once."""
+    from omlx_jobs.jobs import lifecycle
+
+    store = Store(store_url)
+    job = make_job(store, 60)
+    store.transition(job, lifecycle.IN_PROGRESS)
+    ids = [p.id for p in store.pending_requests(job)]
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(4)
+    procs = [
+        ctx.Process(target=_concurrent_writer, args=(store_url, job, ids if n % 2 else ids[::-1], n, barrier))
+        for n in range(4)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(180)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    rows = list(store.iter_requests(job))
+    assert all(r.status == "completed" and r.output_text in {"w0", "w1", "w2", "w3"} for r in rows)
+    assert all(1 <= r.attempts <= 4 for r in rows)  # a writer counts an attempt only while it is pending
+    info = store.get_job(job)
+    assert (info.prefill_tokens, info.cache_hits, info.cache_peak_bytes) == (240, 240, max(ids))
+    assert info.status == "completed"
+    shares = store.job_workers(job)
+    assert sum(s.completed for s in shares) == 60  # one result per request, credited to who stored it
+    assert {r.output_text for r in rows} == {f"w{int(s.worker[1:])}" for s in shares if s.completed}
+
+
+def test_the_job_is_finalized_exactly_once_when_shards_finish_together(store_url: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from omlx_jobs.jobs import lifecycle
+
+    for round_ in range(3):
+        store = Store(store_url)
+        job = make_job(store, 2, job_id=f"batch_fin{round_}")
+        store.transition(job, lifecycle.IN_PROGRESS)
+        for p in store.pending_requests(job):
+            store.record_failure(p.id, "x", "y")
+        with ThreadPoolExecutor(8) as pool:
+            won = list(pool.map(lifecycle.finalize, [store] * 8, [job] * 8))
+        assert won.count(True) == 1, won
+        assert store.get_job(job).status == "completed"
+        store.close()
+
+
+def test_shards_recording_their_plans_at_once_count_each_overlap_once(store_url: str) -> None:
+    """Adjacent shards share a 3-token prefix at each boundary; however their plans interleave, the job's
+    minimum is the sum less one overlap per boundary (the row lock makes the later recorder see the other)."""
+    import struct
+    from concurrent.futures import ThreadPoolExecutor
+
+    from omlx_jobs.store.shards import ShardCut
+
+    n = 12
+    store = Store(store_url)
+    job = make_job(store, 2 * n)
+    store.add_shards(job, [ShardCut(2 * i, 2 * i + 2, b"", 2 * i, b"", 2 * i + 2) for i in range(n)])
+    shared = struct.pack(">3I", 7, 8, 9)
+    lead, tail = shared + struct.pack(">I", 1), shared + struct.pack(">2I", 2, 3)
+
+    def record(i: int) -> bool:
+        return store.record_shard_plan(job, 2 * i, 10, lead, tail)
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(record, range(n)))
+    assert store.get_job(job).trie_min_tokens == 10 * n - 3 * (n - 1)
+    assert not record(0)  # recorded once: a re-run adds nothing
+    assert store.get_job(job).trie_min_tokens == 10 * n - 3 * (n - 1)

@@ -5,6 +5,7 @@ RQ calls `run_shard` with JSON arguments; the model stays loaded in this process
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 import uuid
@@ -44,8 +45,16 @@ class WorkerContext:
     worker checks every image again against it, whatever submit allowed."""
     fatal: str | None = None
     """Set when the store fails (disk full, read-only): the worker stops taking work."""
+    name: str | None = None
+    """The RQ worker's name: recorded with every shard run (status --json lists who ran a job)."""
+    current: tuple[str, int, int] | None = None
+    """The shard running now (job id, first, end position): `omlx-jobs workers` shows it."""
+    last_shard: tuple[str, int] | None = None
+    """The shard finished last (job id, first position): its prefix group is in this worker's cache."""
+    requests_done: int = 0
     _drain_deadline: float | None = field(default=None, repr=False)
     _stop: bool = field(default=False, repr=False)
+    _recent: collections.deque[tuple[float, int]] = field(default_factory=collections.deque, repr=False)
 
     def request_drain(self) -> None:
         """Stop admitting; in-flight requests get drain_timeout seconds to finish, the rest go back to the queue."""
@@ -58,6 +67,21 @@ class WorkerContext:
     @property
     def stopping(self) -> bool:
         return self._stop or self._drain_deadline is not None
+
+    def meter(self, requests: int, tokens: int) -> None:
+        """Count committed results and their completion tokens, for tokens_per_second."""
+        self.requests_done += requests
+        self._recent.append((time.monotonic(), tokens))
+
+    def tokens_per_second(self, window: float = 60.0) -> float:
+        """Completion tokens per second over the last `window` seconds."""
+        now = time.monotonic()
+        while self._recent and self._recent[0][0] < now - window:
+            self._recent.popleft()
+        if not self._recent:
+            return 0.0
+        span = max(now - self._recent[0][0], 1.0)
+        return sum(t for _, t in self._recent) / span
 
     def control(self) -> Control:
         if self._stop:
@@ -86,8 +110,11 @@ def run_shard(job_id: Any, start: Any, end: Any) -> dict[str, Any]:
     if not isinstance(job_id, str) or not all(isinstance(x, int) and not isinstance(x, bool) for x in (start, end)):
         raise ValueError(f"bad shard message: ({job_id!r}, {start!r}, {end!r})")
     ctx = current()
+    ctx.current = (job_id, start, end)
     try:
-        outcome = shard.run_shard(ctx.store, ctx.engine, job_id, start, end, control=ctx.control)
+        outcome = shard.run_shard(
+            ctx.store, ctx.engine, job_id, start, end, control=ctx.control, worker=ctx.name, meter=ctx.meter
+        )
     except JobNotFound as exc:
         # A message for a job this store lacks (planted, or a worker pointed at another database) fails alone;
         # the store answered, so the worker carries on. A worker on the right store re-enqueues real work.
@@ -101,6 +128,10 @@ def run_shard(job_id: Any, start: Any, end: Any) -> dict[str, Any]:
         ctx.fatal = str(exc)
         log.error("store failed, stopping this worker: %s", exc)
         raise
+    finally:
+        ctx.current = None
+    if not outcome.stopped:
+        ctx.last_shard = (job_id, start)
     if outcome.stopped and ctx.redis is not None and ctx.queue is not None:
         back = Shard(job_id, start, end, suffix=f"-h{uuid.uuid4().hex[:8]}")
         timeout = shard_timeout_of(ctx.store.get_job(job_id))

@@ -7,8 +7,12 @@ dies, the entry expires and any idle worker's maintenance (every min(TTL, 30) s)
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import socket
 import threading
+import time
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -20,7 +24,8 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from omlx_jobs import defaults
 from omlx_jobs.errors import OmlxError
-from omlx_jobs.jobs.queue import SHARD_FUNC
+from omlx_jobs.jobs import workers as live
+from omlx_jobs.jobs.queue import SHARD_FUNC, priority_queues
 from omlx_jobs.store import StoreError
 from omlx_jobs.worker.entry import WorkerContext
 
@@ -48,6 +53,67 @@ class OmlxWorker(SimpleWorker):
         kwargs.setdefault("maintenance_interval", min(30, self.heartbeat_ttl))
         super().__init__(queues, **kwargs)
         self.context = context
+        context.name = self.name
+        self._born = time.time()
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> Any:
+        result = super().heartbeat(timeout, pipeline)
+        self.publish()
+        return result
+
+    def publish(self) -> None:
+        """Refresh this worker's record for `omlx-jobs workers` (jobs/workers.py); never fails the loop."""
+        ctx = self.context
+        job_id, first, end = ctx.current or (None, None, None)
+        info = live.WorkerInfo(
+            name=self.name,
+            model=ctx.engine.loaded.ref,
+            queues=[q.name for q in self.queues],
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            state="draining" if ctx.stopping else ("busy" if job_id else "idle"),
+            job_id=job_id,
+            shard=f"{first}-{end}" if job_id else None,
+            tokens_per_second=round(ctx.tokens_per_second(), 2),
+            requests_done=ctx.requests_done,
+            started_at=self._born,
+        )
+        try:  # a beat comes at least every dequeue timeout (idle) or heartbeat interval (busy)
+            live.publish(self.connection, info, ttl=self.dequeue_timeout + self.heartbeat_ttl + 5)
+        except RedisError as exc:
+            log.debug("could not publish the worker record: %s", exc)
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        claimed = self._claim_same_group()
+        if claimed is not None:
+            return claimed
+        return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+
+    def _claim_same_group(self) -> tuple[Job, Queue] | None:
+        """After a shard, its prefix group's next queued shard, before anything else (jobs/affinity.py)."""
+        from rq.exceptions import NoSuchJobError
+
+        from omlx_jobs.jobs.affinity import claim_same_group
+
+        last, self.context.last_shard = self.context.last_shard, None
+        if last is None or self.context.stopping:
+            return None
+        try:
+            names = [q.name for q in self.queues]
+            claimed = claim_same_group(self.connection, self.context.store, names, *last)
+            if claimed is None:
+                return None
+            rq_id, queue_name = claimed
+            queue = self.queues[names.index(queue_name)]
+            job = Job.fetch(rq_id, connection=self.connection, serializer=JSONSerializer)
+        except NoSuchJobError:
+            return None
+        except Exception:  # the preference is an optimisation: on any trouble, dequeue as RQ does
+            log.exception("taking a shard of the same prefix group failed")
+            return None
+        job.redis_server_version = self.get_redis_server_version()
+        self.log.info("Worker %s: %s: %s (%s) [same prefix group]", self.name, queue.name, job.description, job.id)
+        return job, queue
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         return self.heartbeat_ttl
@@ -146,8 +212,6 @@ def serve(
     RQ's work loop quits on a Redis error; the model stays loaded here, so this waits for Redis with
     backoff and starts a new work loop. Jobs whose shards Redis lost are re-enqueued by maintenance.
     """
-    import time
-
     from omlx_jobs.jobs.queue import get_queue
 
     redis = context.redis
@@ -157,7 +221,7 @@ def serve(
         worker = None
         try:
             # Building the worker talks to Redis too (CLIENT SETNAME), so it sits inside the retry loop.
-            queues = [get_queue(redis, queue_name)]
+            queues = [get_queue(redis, q) for q in priority_queues(queue_name)]
             worker = OmlxWorker(queues, connection=redis, context=context, heartbeat_ttl=heartbeat_ttl, name=name)
             worker.work(burst=burst, logging_level=logging.getLevelName(log.getEffectiveLevel()))
         except RedisError as exc:
@@ -167,6 +231,8 @@ def serve(
         finally:
             if worker is not None:
                 _release(worker)
+                with contextlib.suppress(RedisError):
+                    live.retire(redis, worker.name)
         if context.fatal:
             log.error("stopped: %s", context.fatal)
             return 3
@@ -174,7 +240,9 @@ def serve(
             return 0
         try:
             redis.ping()
-            if burst and _nothing_left(context, redis, queue_name, grace=heartbeat_ttl / 2):
+            if burst and all(
+                _nothing_left(context, redis, q, grace=heartbeat_ttl / 2) for q in priority_queues(queue_name)
+            ):
                 return 0
             delay = 1.0
             time.sleep(1.0)  # a shard still runs elsewhere (burst), or the loop quit on an error: not a busy loop

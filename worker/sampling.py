@@ -27,6 +27,11 @@ def _is_greedy(p: SamplingParams) -> bool:
     return p.temperature == 0
 
 
+def _filters_top_k(top_k: int, vocab: int) -> bool:
+    """top_k at or above the vocabulary keeps every token: no filter (mlx-lm's would raise past it)."""
+    return 0 < top_k < vocab
+
+
 def _seeded_sampler(p: SamplingParams, choice: int) -> Sampler:
     key = mx.random.key((p.seed or 0) + choice)
     state = {"key": key}
@@ -36,10 +41,28 @@ def _seeded_sampler(p: SamplingParams, choice: int) -> Sampler:
             logprobs = apply_top_p(logprobs, p.top_p)
         if p.min_p:
             logprobs = apply_min_p(logprobs, p.min_p)
-        if p.top_k:
+        if _filters_top_k(p.top_k, logprobs.shape[-1]):
             logprobs = apply_top_k(logprobs, p.top_k)
         state["key"], sub = mx.random.split(state["key"])
         return mx.random.categorical(logprobs * (1 / p.temperature), key=sub)
+
+    return sampler
+
+
+def _shared_sampler(p: SamplingParams) -> Sampler:
+    """mlx-lm's sampler for these parameters, with top_k clamped to the vocabulary: validation cannot know
+    the vocabulary, so a top_k larger than it is taken as no top-k filter (the vocabulary is read from the
+    logits on the first call; one model per worker, so it does not change)."""
+    if not p.top_k:
+        return make_sampler(temp=p.temperature, top_p=p.top_p, min_p=p.min_p)
+    by_vocab: dict[int, Sampler] = {}
+
+    def sampler(logprobs: mx.array) -> mx.array:
+        vocab = logprobs.shape[-1]
+        if vocab not in by_vocab:
+            top_k = p.top_k if _filters_top_k(p.top_k, vocab) else 0
+            by_vocab[vocab] = make_sampler(temp=p.temperature, top_p=p.top_p, min_p=p.min_p, top_k=top_k)
+        return by_vocab[vocab](logprobs)
 
     return sampler
 
@@ -58,7 +81,7 @@ class SamplerFactory:
             return _seeded_sampler(p, choice)
         key = (p.temperature, p.top_p, p.min_p, p.top_k)
         if key not in self._shared:
-            self._shared[key] = make_sampler(temp=p.temperature, top_p=p.top_p, min_p=p.min_p, top_k=p.top_k)
+            self._shared[key] = _shared_sampler(p)
         return self._shared[key]
 
     @staticmethod

@@ -5,19 +5,26 @@ Used by the RQ entry point (worker) and by `omlx-jobs run` (local, no Redis) ali
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from omlx_jobs import defaults
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs import lifecycle
 from omlx_jobs.jobs.formats import SamplingParams
-from omlx_jobs.store import Store
+from omlx_jobs.jobs.sharding import UNIT
+from omlx_jobs.store import Store, StoreError
 from omlx_jobs.store.db import PendingRequest
+from omlx_jobs.store.shards import ShardInfo
 from omlx_jobs.worker.engine import Control, Engine
 from omlx_jobs.worker.model import PromptError
+from omlx_jobs.worker.prompts import token_key
 from omlx_jobs.worker.results import ItemResult, PlanTotals, RunStats, completion_row
 from omlx_jobs.worker.sequence import WorkItem
 
@@ -26,6 +33,10 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = defaults.MAX_ATTEMPTS
 """A request started this many times without a result (worker crashes, engine errors) fails for good."""
 STATUS_POLL_SECONDS = 1.0
+MAX_SHARD_FAILURES = 3
+"""A shard that failed this many times before any request started (planning, a bad row) is given up:
+its pending requests fail with SHARD_FAILED instead of going back to the queue without end."""
+SHARD_FAILED = ErrorCode.SHARD_FAILED
 
 
 @dataclass
@@ -75,45 +86,6 @@ class _JobWatch:
         return self.external() if self.external else Control.RUN
 
 
-def work_items(
-    store: Store, engine: Engine, pending: Iterable[PendingRequest], outcome: ShardOutcome
-) -> Iterator[WorkItem]:
-    """The engine's work items for pending requests, tokenized; a request that cannot run fails here, alone."""
-    for req in pending:
-        if req.attempts >= MAX_ATTEMPTS:
-            store.record_failure(
-                req.id,
-                ErrorCode.TOO_MANY_ATTEMPTS,
-                f"started {req.attempts} times without finishing (worker crashes or engine errors); "
-                "run `omlx-jobs retry JOB` to try again",
-            )
-            outcome.failed += 1
-            continue
-        params = SamplingParams.from_body(req.body)
-        tokens: list[int] = []
-        try:
-            tokens = engine.loaded.encode(req.endpoint, req.body)
-            engine.check(tokens, params)
-        except PromptError as exc:
-            store.record_failure(req.id, exc.code, exc.message, prompt_tokens=len(tokens) or None)
-            outcome.failed += 1
-            continue
-        yield WorkItem(req.id, tokens, params)
-
-
-def store_results(store: Store, results: list[ItemResult]) -> tuple[int, int]:
-    """Commit a step's results: completions in one transaction (completion_row maps them), then each failure.
-
-    Returns how many of each were stored (a request that already has a final result takes no second one).
-    """
-    completed = store.record_completions([completion_row(r) for r in results if r.error is None])
-    failed = 0
-    for r in results:
-        if r.error is not None:
-            failed += store.record_failure(r.key, r.error.code, r.error.message, prompt_tokens=r.prompt_tokens)
-    return completed, failed
-
-
 def run_shard(
     store: Store,
     engine: Engine,
@@ -123,8 +95,14 @@ def run_shard(
     *,
     control: Callable[[], Control] | None = None,
     on_progress: Callable[[int], None] | None = None,
+    worker: str | None = None,
+    meter: Callable[[int, int], None] | None = None,
 ) -> ShardOutcome:
-    """Generate every pending request of job `job_id` with position in [start, end)."""
+    """Generate every pending request of job `job_id` with position (prefix order) in [start, end).
+
+    `worker` names who runs it (recorded with the results, and the model it serves); `meter` gets
+    (requests, completion tokens) as results are committed.
+    """
     outcome = ShardOutcome(job_id, start, end if end is not None else -1)
     job = store.get_job(job_id)
     if job.status in lifecycle.TERMINAL:
@@ -134,29 +112,142 @@ def run_shard(
         lifecycle.finalize_if_done(store, job_id)
         return outcome
     store.transition(job_id, lifecycle.IN_PROGRESS, only_from=[lifecycle.VALIDATING])
+    shard_row = store.get_shard(job_id, start) if end is not None else None
+    if shard_row is not None and shard_row.failures >= MAX_SHARD_FAILURES:
+        outcome.failed += _give_up(store, job_id, shard_row)
+        lifecycle.finalize_if_done(store, job_id)
+        return outcome
+    run_id = store.start_run(job_id, start, end, worker or local_worker_name(), engine.loaded.ref)
+    admitted = [False]
+    try:
+        _run(store, engine, job_id, (start, end, shard_row, run_id), outcome, control, on_progress, meter, admitted)
+    except Exception as exc:
+        with contextlib.suppress(Exception):  # the store may be what failed: keep the original error
+            store.finish_run(run_id, "failed", f"{type(exc).__name__}: {exc}")
+            if shard_row is not None and not admitted[0] and not isinstance(exc, StoreError):
+                # Failed before any request started, so no attempt was counted: count the shard's instead.
+                n = store.record_shard_failure(job_id, start, f"{type(exc).__name__}: {exc}")
+                log.warning(
+                    "shard %s[%s:%s] failed before starting a request (%s/%s)",
+                    job_id,
+                    start,
+                    end,
+                    n,
+                    MAX_SHARD_FAILURES,
+                )
+        raise
+    store.finish_run(run_id, "stopped" if outcome.stopped else "done")
+    lifecycle.finalize_if_done(store, job_id)
+    log.info("shard %s[%s:%s]: %s", job_id, start, end, outcome.to_dict())
+    return outcome
 
+
+def local_worker_name() -> str:
+    """Who runs a shard outside RQ (`omlx-jobs run`): host and process."""
+    return f"{socket.gethostname()}.{os.getpid()}"
+
+
+def _give_up(store: Store, job_id: str, shard: ShardInfo) -> int:
+    """Fail the pending requests of a shard that failed MAX_SHARD_FAILURES times before starting any."""
+    message = (
+        f"the shard holding this request failed {shard.failures} times before any request started "
+        f"(last: {shard.last_error}); fix the cause, then `omlx-jobs retry {job_id}`"
+    )
+    n = store.fail_pending(job_id, shard.first_pos, SHARD_FAILED, message)
+    log.error(
+        "job %s: gave up on shard [%s:%s] after %s failures: %s",
+        job_id,
+        shard.first_pos,
+        shard.end_pos,
+        shard.failures,
+        shard.last_error,
+    )
+    return n
+
+
+def work_items(
+    store: Store, engine: Engine, pending: Iterable[PendingRequest], outcome: ShardOutcome, run_id: int | None = None
+) -> Iterator[tuple[WorkItem, bytes]]:
+    """The engine's work items for pending requests, tokenized, with their sort keys; a request that cannot run
+    fails here, alone (too many attempts, a prompt the model cannot take)."""
+    for req in pending:
+        if req.attempts >= MAX_ATTEMPTS:
+            store.record_failure(
+                req.id,
+                ErrorCode.TOO_MANY_ATTEMPTS,
+                f"started {req.attempts} times without finishing (worker crashes or engine errors); "
+                "run `omlx-jobs retry JOB` to try again",
+                run_id=run_id,
+            )
+            outcome.failed += 1
+            continue
+        params = SamplingParams.from_body(req.body)
+        tokens: list[int] = []
+        try:
+            tokens = engine.loaded.encode(req.endpoint, req.body)
+            engine.check(tokens, params)
+        except PromptError as exc:
+            store.record_failure(req.id, exc.code, exc.message, prompt_tokens=len(tokens) or None, run_id=run_id)
+            outcome.failed += 1
+            continue
+        yield WorkItem(req.id, tokens, params), req.sort_key
+
+
+def store_results(store: Store, results: list[ItemResult], run_id: int | None = None) -> tuple[int, int]:
+    """Commit a step's results: completions in one transaction (completion_row maps them), then each failure.
+
+    Returns how many of each were stored (a request that already has a final result takes no second one).
+    """
+    completed = store.record_completions([completion_row(r) for r in results if r.error is None], run_id=run_id)
+    failed = 0
+    for r in results:
+        if r.error is not None:
+            failed += store.record_failure(
+                r.key, r.error.code, r.error.message, prompt_tokens=r.prompt_tokens, run_id=run_id
+            )
+    return completed, failed
+
+
+def _run(
+    store: Store,
+    engine: Engine,
+    job_id: str,
+    where: tuple[int, int | None, ShardInfo | None, int],
+    outcome: ShardOutcome,
+    control: Callable[[], Control] | None,
+    on_progress: Callable[[int], None] | None,
+    meter: Callable[[int, int], None] | None,
+    admitted: list[bool],
+) -> None:
+    start, end, shard_row, run_id = where
     pending = store.pending_requests(job_id, start, end)
     fresh = all(r.attempts == 0 for r in pending)
-    items = list(work_items(store, engine, pending, outcome))  # a lazy iterable would tokenize as pages are read
+    placed = list(work_items(store, engine, pending, outcome, run_id))
+    items = [item for item, _ in placed]
 
     def on_results(results: list[ItemResult]) -> None:
-        completed, failed = store_results(store, results)
+        completed, failed = store_results(store, results, run_id)
         outcome.completed += completed
         outcome.failed += failed
         if on_progress:
             on_progress(len(results))
+        if meter:
+            meter(len(results), sum(r.completion_tokens for r in results))
 
     def on_plan(totals: PlanTotals) -> None:
-        # The trie minimum counts once per shard, on its first run; re-runs add only what they compute.
-        if fresh:
+        if shard_row is not None:  # once per shard, less what it shares with its neighbours (record_shard_plan)
+            lead, tail = boundary_prefixes(placed)
+            store.record_shard_plan(job_id, start, totals.trie_min_tokens, lead, tail)
+        elif fresh:  # a whole job in one run (`omlx-jobs run`): its minimum is the job's
             store.add_job_stats(job_id, trie_min_tokens=totals.trie_min_tokens)
 
+    def on_admit(keys: list[Any]) -> None:
+        admitted[0] = True
+        store.mark_started(keys)
+
     watch = _JobWatch(store, job_id, control)
-    stats = engine.run(items, on_results, watch, on_admit=store.mark_started, on_plan=on_plan)
+    stats = engine.run(items, on_results, watch, on_admit=on_admit, on_plan=on_plan)
     _settle(store, engine, outcome, stats, cancelled=watch.cancelled)
-    lifecycle.finalize_if_done(store, job_id)
-    log.info("shard %s[%s:%s]: %s", job_id, start, end, outcome.to_dict())
-    return outcome
 
 
 def _settle(store: Store, engine: Engine, outcome: ShardOutcome, stats: RunStats, *, cancelled: bool) -> None:
@@ -176,3 +267,32 @@ def _settle(store: Store, engine: Engine, outcome: ShardOutcome, stats: RunStats
         else:
             outcome.left_pending = len(stats.unfinished)
             outcome.stopped = True
+
+
+def boundary_prefixes(placed: list[tuple[WorkItem, bytes]]) -> tuple[bytes, bytes]:
+    """The common token prefix of the shard's requests in its first prefix group, and in its last one, as
+    token keys: what it can share with the shard before it and the one after (Store.record_shard_plan).
+
+    `placed` is in prefix order. A group's requests share their key's first chunk (jobs/sharding.py).
+    """
+    if not placed:
+        return b"", b""
+    first, last = placed[0][1][:UNIT], placed[-1][1][:UNIT]
+    lead = [item.tokens for item, key in placed if key[:UNIT] == first]
+    tail = [item.tokens for item, key in placed if key[:UNIT] == last]
+    return token_key(common_tokens(lead)), token_key(common_tokens(tail))
+
+
+def common_tokens(prompts: list[list[int]]) -> list[int]:
+    """The longest token prefix every prompt starts with ([] for none)."""
+    if not prompts:
+        return []
+    prefix = prompts[0]
+    for tokens in prompts[1:]:
+        n = 0
+        for a, b in zip(prefix, tokens, strict=False):
+            if a != b:
+                break
+            n += 1
+        prefix = prefix[:n]
+    return list(prefix)
