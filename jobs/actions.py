@@ -47,6 +47,7 @@ def submit(
     shard_size: int | None = None,
     shard_timeout: int = DEFAULT_SHARD_TIMEOUT,
     on_progress: Callable[[int], None] | None = None,
+    job_id: str | None = None,
 ) -> Submitted:
     """Validate and store the file, then enqueue its shards. Redis is checked first, so a down Redis
     leaves no job behind; if it fails midway, the job stays 'validating' and `resume` enqueues it."""
@@ -55,7 +56,9 @@ def submit(
         redis.ping()
     except Exception as exc:
         raise RedisUnavailable(f"cannot reach Redis before submitting ({exc}); nothing was stored") from exc
-    loaded = load_job(store, path, model, skip_invalid=skip_invalid, queue=qname, on_progress=on_progress)
+    loaded = load_job(
+        store, path, model, skip_invalid=skip_invalid, queue=qname, on_progress=on_progress, job_id=job_id
+    )
     if loaded.rejected:
         return Submitted(loaded, qname, [])
     # Kept with the job: shards enqueued again later (reconcile, resume, retry) are cut and timed the same way.

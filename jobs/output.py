@@ -109,9 +109,10 @@ def output_line(row: Any, job_id: str, model: str) -> tuple[dict[str, Any], bool
                 "id": line_id,
                 "custom_id": row.custom_id,
                 "response": None,
+                # An expired batch's unfinished requests carry code batch_expired (store/batches.py).
                 "error": {
-                    "code": "batch_cancelled",
-                    "message": "the job was cancelled before this request ran",
+                    "code": row.error_code or "batch_cancelled",
+                    "message": row.error_message or "the job was cancelled before this request ran",
                 },
             },
             True,
