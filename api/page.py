@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from omlx_jobs.api.errors import NotFound
+from omlx_jobs.api.errors import BadRequest, NotFound
 from omlx_jobs.api.ids import is_job_id
 from omlx_jobs.api.state import AppState
 from omlx_jobs.api.workers import list_workers
@@ -57,6 +57,7 @@ def job_view(state: AppState, job_id: str) -> dict[str, Any]:
     buckets = state.reports.throughput(job_id, MAX_POINTS)
     return {
         **summary,
+        "terminal": job.status in lifecycle.TERMINAL,
         "cancellable": job.status not in lifecycle.TERMINAL and job.status != lifecycle.CANCELLING,
         "cache": {
             "cached_token_share": counts.cached_tokens / prompt if prompt else None,
@@ -91,11 +92,12 @@ def workers_view(state: AppState) -> dict[str, Any]:
 def cancel_job(state: AppState, job_id: str) -> dict[str, Any]:
     """The page's cancel button: any job (CLI or API) that has not ended."""
     view = job_view(state, job_id)
-    if view["cancellable"]:
-        try:
-            redis = state.redis
-            redis.ping()
-        except Exception:
-            redis = None
-        actions.cancel(state.store, redis, job_id)
+    if view["terminal"]:
+        raise BadRequest(f"job {job_id} is {view['status']}; it can no longer be cancelled", code="job_not_cancellable")
+    try:
+        redis = state.redis
+        redis.ping()
+    except Exception:
+        redis = None  # cancelled in the store; a running shard sees it within a second
+    actions.cancel(state.store, redis, job_id)
     return job_view(state, job_id)

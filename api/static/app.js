@@ -110,7 +110,12 @@ function renderJob(job) {
   stat(dl, "throughput", t.completion_tokens_per_second + " generated tok/s, " + t.requests_per_second + " req/s over " + duration(t.elapsed_seconds));
   stat(dl, "cache-hit share", pct(job.cache.cached_token_share) + " of prompt tokens cached; " + pct(job.cache.hit_share) + " of prefix lookups hit");
   const eff = job.cache.computed_over_minimum;
-  stat(dl, "computed ÷ minimum", eff === null ? "–" : eff.toFixed(3) + "× (" + job.prefix.prefill_tokens_computed + " / " + job.prefix.trie_min_tokens + " prompt tokens)");
+  const p = job.prefix;
+  // Workers add the prompt tokens they computed when a shard ends, so a running first shard shows none yet.
+  const pendingCount = !job.terminal && p.prefill_tokens_computed === 0;
+  stat(dl, "computed ÷ minimum", eff === null || pendingCount
+    ? "– (counted as shards finish; minimum " + p.trie_min_tokens + " prompt tokens)"
+    : eff.toFixed(3) + "× (" + p.prefill_tokens_computed + " / " + p.trie_min_tokens + " prompt tokens)");
   drawPlot($("throughput-plot"), job.throughput_series);
   const errors = $("errors").tBodies[0];
   errors.replaceChildren();
