@@ -68,7 +68,8 @@ def test_the_page_shows_a_running_job_and_cancels_it(env: Env, browser: Browser,
         assert 0 < progress < 1
         assert "requests" in browser.eval("document.getElementById('job-progress-text').textContent")
         assert browser.eval("document.getElementById('job-eta').textContent").startswith("ETA ")
-        points = browser.eval("document.querySelector('#throughput-plot polyline.series-completion').getAttribute('points')")
+        plot = "document.querySelector('#throughput-plot polyline.series-completion')"
+        points = browser.eval(f"{plot}.getAttribute('points')")
         assert len(points.split()) >= 1 and all("," in p for p in points.split())
         assert browser.eval("document.querySelector('#throughput-plot polyline.series-prompt') !== null")
         stats = browser.eval("document.getElementById('job-stats').innerText")
