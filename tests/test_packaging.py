@@ -34,6 +34,11 @@ def test_wheel_holds_one_package_and_the_console_script(wheel: Path) -> None:
         "store/db.py",
         "worker/engine.py",
         "worker/planner.py",
+        "api/app.py",
+        "api/static/index.html",
+        "api/static/app.js",
+        "api/static/app.css",
+        "api/static/favicon.svg",
     ):
         assert f"omlx_jobs/{module}" in names
     assert not any(n.startswith(("tests/", "bench/", "omlx_jobs/tests/", "omlx_jobs/bench/")) for n in names)
