@@ -97,8 +97,17 @@ def retrieve(state: AppState, batch_id: str) -> dict[str, Any]:
     if batch.finalized_at is None:
         if batch.expires_at <= state.now():
             expire(state, batch.job_id)
+        settle(state, batch.job_id)
         batch = finalize(state, batch.job_id) or batch
     return batch_object(batch, state.store.get_job(batch.job_id), state.store.counts(batch.job_id))
+
+
+def settle(state: AppState, job_id: str) -> None:
+    """Finish a job whose requests are all final but whose status says otherwise (its worker died between the
+    last commit and finalizing it): workers finalize, and this catches the one they missed."""
+    job = state.store.get_job(job_id)
+    if job.status in (lifecycle.IN_PROGRESS, lifecycle.CANCELLING, lifecycle.FINALIZING):
+        lifecycle.finalize_if_done(state.store, job_id)
 
 
 def list_batches(state: AppState, *, after: str | None, limit: int) -> dict[str, Any]:
@@ -306,6 +315,8 @@ def sweep(state: AppState) -> dict[str, int]:
     that ended, delete expired files."""
     now = state.now()
     expired = sum(expire(state, job_id) for job_id in state.batches.due(now, list(EXPIRABLE)))
+    for job_id in state.batches.unfinalized([lifecycle.IN_PROGRESS, lifecycle.CANCELLING, lifecycle.FINALIZING]):
+        settle(state, job_id)
     finalized = 0
     for job_id in state.batches.unfinalized(ENDED):
         finalize(state, job_id)
