@@ -403,3 +403,35 @@ def test_metrics_parse_with_prometheus_client(env: Env, server: str) -> None:
     assert value[("omlx_jobs", (("status", "in_progress"),))] == 1
     assert families["omlx_requests_completed"].type == "counter"
     assert "omlx_prefix_cache_hit_ratio" in families and value[("omlx_redis_up", ())] == 1
+
+
+def test_housekeeping_settles_ended_jobs_and_deletes_expired_files(env: Env, server: str) -> None:
+    client = openai_client(server)
+    src = write_lines(env.tmp / "in.jsonl", [chat_line(i) for i in range(3)])
+    with src.open("rb") as fh:
+        short = client.files.create(file=fh, purpose="batch", expires_after={"anchor": "created_at", "seconds": 3600})
+    assert short.expires_at == short.created_at + 3600
+    batch = create(client, short.id, output_expires_after={"anchor": "created_at", "seconds": 7200})
+    for row in env.store.iter_requests(
+        batch.id, columns=["id"]
+    ):  # results committed, the worker gone before finalizing
+        env.store.record_completion(
+            row.id, output_text="x", finish_reason="stop", prompt_tokens=3, cached_tokens=0, completion_tokens=1
+        )
+    done = wait_for(
+        "the sweep to complete the job", lambda: (b := client.batches.retrieve(batch.id)).status == "completed" and b
+    )
+    output = client.files.retrieve(done.output_file_id)  # type: ignore[arg-type]
+    assert output.expires_at is not None and output.expires_at - output.created_at == 7200
+    assert done.error_file_id is None  # nothing failed: no error file
+    stored = env.tmp / "files" / f"{short.id}.jsonl"
+    assert stored.read_bytes() == src.read_bytes() and oct(stored.stat().st_mode & 0o777) == "0o600"
+    env.clock.advance(3601)
+    wait_for("the input file to expire", lambda: not stored.exists(), timeout=20)
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(short.id)
+    assert len(jsonl(client.files.content(done.output_file_id).text)) == 3  # type: ignore[arg-type]
+    env.clock.advance(3600)
+    wait_for(
+        "the output file to expire", lambda: not [f for f in client.files.list(purpose="batch_output")], timeout=20
+    )
