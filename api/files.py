@@ -15,6 +15,7 @@ from omlx_jobs.api.models import scan_file
 from omlx_jobs.api.state import AppState
 from omlx_jobs.api.uploads import Upload
 from omlx_jobs.jobs.output import OUTPUT_COLUMNS, output_lines
+from omlx_jobs.store import RequestStatus
 from omlx_jobs.store.files import ERRORS, INPUT, OUTPUT, FileInfo
 
 BATCH = "batch"
@@ -23,6 +24,7 @@ MIN_TTL, MAX_TTL = 3600, 30 * 24 * 3600
 CHUNK_BYTES = 256 * 1024
 """Output content goes out in chunks of about this size (many lines each: one thread hop per chunk)."""
 FILES_PAGE_MAX = 10_000
+ERROR_STATUSES = (RequestStatus.FAILED, RequestStatus.CANCELLED)
 
 
 def path_of(state: AppState, file_id: str) -> Path:
@@ -153,13 +155,11 @@ def job_file_chunks(state: AppState, info: FileInfo) -> Iterator[bytes]:
     """An output or error file's JSONL, generated from the store in input order, in chunks of ~CHUNK_BYTES."""
     assert info.job_id is not None and info.kind in (OUTPUT, ERRORS)
     job = state.store.get_job(info.job_id)
-    want_errors = info.kind == ERRORS
-    rows = state.store.iter_requests(info.job_id, columns=OUTPUT_COLUMNS)
-    # Keep only this file's rows before building lines: each file is one pass over the job.
-    mine = (r for r in rows if (r.status != "completed") == want_errors)
+    statuses = ERROR_STATUSES if info.kind == ERRORS else (RequestStatus.COMPLETED,)
+    rows = state.reports.iter_with_status(info.job_id, statuses, OUTPUT_COLUMNS)
     buf: list[str] = []
     size = 0
-    for line, _ in output_lines(mine, info.job_id, job.model):
+    for line, _ in output_lines(rows, info.job_id, job.model):
         buf.append(line)
         size += len(line)
         if size >= CHUNK_BYTES:
