@@ -151,10 +151,6 @@ def main() -> None:
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/5")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
-    if not Path(MODEL).exists():
-        from tests.tiny_model import build_tiny_model
-
-        build_tiny_model(MODEL)  # the model string names a folder; nothing loads it here
     load = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="omlx-bench-http-"))
     server = None
