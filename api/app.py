@@ -13,6 +13,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -190,6 +191,14 @@ async def _not_found(request: Request, exc: Exception) -> Response:
     return NotFound(f"no route {request.method} {request.url.path}").response()
 
 
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (405 and the like) in the same JSON shape as ours."""
+    assert isinstance(exc, HTTPException)
+    body = {"error": {"message": f"{exc.detail}: {request.method} {request.url.path}", "type": "invalid_request_error",
+                      "param": None, "code": None}}  # fmt: skip
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
 async def _housekeeping(state: AppState) -> None:
     while True:
         await asyncio.sleep(state.config.sweep_seconds)
@@ -260,6 +269,7 @@ def create_app(config: ServeConfig, *, housekeeping: bool = True) -> Starlette:
             StoreError: _store_error,
             RedisUnavailable: _redis_error,
             404: _not_found,
+            HTTPException: _http_error,
             Exception: _unexpected,
         },
     )

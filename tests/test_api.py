@@ -315,6 +315,9 @@ def test_auth_not_found_and_upload_errors(env: Env, tiny_model_dir: Path) -> Non
         assert not_json.status_code == 422 and not_json.json()["error"]["message"].startswith("the request body")
         not_form = httpx.post(f"{url}/v1/files", headers=headers, content=b"plain")
         assert not_form.status_code == 422
+        wrong_method = httpx.put(f"{url}/v1/batches", headers=headers)
+        assert wrong_method.status_code == 405 and "error" in wrong_method.json()
+        assert httpx.get(f"{url}/v2/nothing", headers=headers).json()["error"]["message"].startswith("no route")
         # A write from another site's page is refused even with a key in hand.
         evil = httpx.post(
             f"{url}/v1/batches/{f.id}/cancel", headers={**headers, "Origin": "http://evil.example"}, content=b""
