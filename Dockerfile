@@ -1,4 +1,5 @@
-# A Linux worker image: MLX on its CPU backend (the `cpu` extra) with PostgreSQL support.
+# A Linux worker image: MLX on its CPU backend (the `cpu` extra) with PostgreSQL support; the same image runs
+# `omlx-jobs serve` (the `serve` extra) in compose.yaml.
 # On macOS, run the worker on the host instead (`omlx-jobs worker --model ...`): Metal is not reachable
 # from containers. compose.yaml builds this image for its `worker` service.
 FROM python:3.11-slim
@@ -20,10 +21,11 @@ COPY __init__.py cli.py py.typed ./
 COPY jobs ./jobs
 COPY store ./store
 COPY worker ./worker
-RUN pip install --no-cache-dir '.[cpu,postgres]'
+COPY api ./api
+RUN pip install --no-cache-dir '.[cpu,postgres,serve]'
 
 # Run as a user of its own; /models (Hugging Face downloads) and /cache (prefix caches) are volumes it writes.
-RUN useradd --create-home --uid 1000 omlx && mkdir -p /models /cache && chown omlx:omlx /models /cache
+RUN useradd --create-home --uid 1000 omlx && mkdir -p /models /cache /files && chown omlx:omlx /models /cache /files
 USER omlx
 WORKDIR /home/omlx
 ENV HF_HOME=/models/huggingface \

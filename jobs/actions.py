@@ -51,6 +51,7 @@ def submit(
     shard_timeout: int = DEFAULT_SHARD_TIMEOUT,
     on_progress: Callable[[int], None] | None = None,
     images: ImageAccess = NO_FILES,
+    job_id: str | None = None,
 ) -> Submitted:
     """Validate and store the file in prefix order, cut it into shards and enqueue them on the queue of
     `priority`. Redis is checked first, so a down Redis leaves no job behind; if it fails midway, the job
@@ -72,6 +73,7 @@ def submit(
         options=options,
         on_progress=on_progress,
         images=images,
+        job_id=job_id,
     )
     if loaded.rejected:
         return Submitted(loaded, qname, [])

@@ -20,9 +20,12 @@ COMPLETED = "completed"
 FAILED = "failed"
 CANCELLING = "cancelling"
 CANCELLED = "cancelled"
+# A batch created through the API whose completion window passed before it finished (`serve` sweeps it):
+# its finished results are kept, the rest are cancelled with code batch_expired.
+EXPIRED = "expired"
 
-STATUSES = (VALIDATING, IN_PROGRESS, FINALIZING, COMPLETED, FAILED, CANCELLING, CANCELLED)
-TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED})
+STATUSES = (VALIDATING, IN_PROGRESS, FINALIZING, COMPLETED, FAILED, CANCELLING, CANCELLED, EXPIRED)
+TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED, EXPIRED})
 RUNNABLE = frozenset({IN_PROGRESS})
 
 

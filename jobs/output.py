@@ -111,9 +111,10 @@ def output_line(row: Any, job_id: str, model: str) -> tuple[dict[str, Any], bool
                 "id": line_id,
                 "custom_id": row.custom_id,
                 "response": None,
+                # An expired batch's unfinished requests carry code batch_expired (store/batches.py).
                 "error": {
-                    "code": ErrorCode.BATCH_CANCELLED.value,
-                    "message": "the job was cancelled before this request ran",
+                    "code": row.error_code or ErrorCode.BATCH_CANCELLED.value,
+                    "message": row.error_message or "the job was cancelled before this request ran",
                 },
             },
             True,

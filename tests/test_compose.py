@@ -88,10 +88,41 @@ def test_dockerfile_installs_the_package_with_cpu_and_postgres(services: dict[st
     dockerfile = "Dockerfile" if isinstance(build, str) else build.get("dockerfile", "Dockerfile")
     text = (ROOT / context / dockerfile).read_text()
     assert re.search(r"^FROM python:3\.11-slim", text, re.M)
-    assert re.search(r"pip install [^\n]*['\"]?\.\[cpu,postgres\]", text)
+    extras = re.search(r"pip install [^\n]*['\"]?\.\[([a-z0-9,]+)\]", text)
+    assert extras and {"cpu", "postgres", "serve"} <= set(extras.group(1).split(","))
     assert "libopenblas0-pthread" in text  # preloaded for MLX's CPU backend (worker/blas.py)
-    for copied in ("pyproject.toml", "cli.py", "jobs", "store", "worker"):
+    for copied in ("pyproject.toml", "cli.py", "jobs", "store", "worker", "api"):
         assert re.search(rf"^COPY .*\b{re.escape(copied)}\b", text, re.M), copied
+
+
+def _args(command: Any) -> list[str]:
+    return shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+
+
+def test_server_serves_the_api_beyond_loopback_only_with_a_key(services: dict[str, Any]) -> None:
+    server = services["server"]
+    args = _args(server["command"])
+    assert args[:2] == ["omlx-jobs", "serve"]
+    host = args[args.index("--host") + 1]
+    env = as_dict(server["environment"])
+    if host not in ("127.0.0.1", "localhost"):
+        # `serve` refuses a non-loopback address without a key, so compose must demand one (no default).
+        assert re.fullmatch(r"\$\{OMLX_JOBS_API_KEYS:\?[^}]+\}", str(env["OMLX_JOBS_API_KEYS"]))
+    port = args[args.index("--port") + 1]
+    assert any(str(p).startswith("127.0.0.1:") and str(p).endswith(f":{port}") for p in server["ports"])
+    files_dir = args[args.index("--files-dir") + 1]
+    assert any(str(v).endswith(f":{files_dir}") for v in server["volumes"])
+    assert "/healthz" in " ".join(server["healthcheck"]["test"]) and port in " ".join(server["healthcheck"]["test"])
+
+
+def test_server_shares_the_workers_store_queue_and_image(services: dict[str, Any], worker_env: dict[str, str]) -> None:
+    server = services["server"]
+    env = {k: interpolate(str(v)) for k, v in as_dict(server["environment"]).items()}
+    assert env["OMLX_JOBS_REDIS_URL"] == worker_env["OMLX_JOBS_REDIS_URL"]
+    assert env["OMLX_JOBS_DATABASE_URL"] == worker_env["OMLX_JOBS_DATABASE_URL"]
+    assert server["build"] == services["worker"]["build"]
+    depends = as_dict(server["depends_on"])
+    assert depends["postgres"]["condition"] == "service_healthy" and "redis" in depends
 
 
 def test_workers_are_replicas_sharing_one_store_and_queue(services: dict[str, Any]) -> None:
@@ -102,5 +133,5 @@ def test_workers_are_replicas_sharing_one_store_and_queue(services: dict[str, An
     env = as_dict(worker["environment"])
     assert "OMLX_JOBS_DATABASE_URL" in env and "OMLX_JOBS_DB" not in env  # PostgreSQL, not a per-replica file
     command = worker["command"]
-    args = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    args = _args(command)
     assert "--name" not in args and "--queue" not in args  # unique RQ names; the model's queue for all

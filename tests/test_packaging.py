@@ -38,6 +38,11 @@ def test_wheel_holds_one_package_and_the_console_script(wheel: Path) -> None:
         "store/migrations/env.py",
         "store/migrations/versions/0001_baseline.py",
         "store/migrations/versions/0002_shards.py",
+        "api/app.py",
+        "api/static/index.html",
+        "api/static/app.js",
+        "api/static/app.css",
+        "api/static/favicon.svg",
     ):
         assert f"omlx_jobs/{module}" in names
     assert not any(n.startswith(("tests/", "bench/", "omlx_jobs/tests/", "omlx_jobs/bench/")) for n in names)

@@ -9,6 +9,7 @@ import collections
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,8 @@ class WorkerContext:
     current: tuple[str, int, int] | None = None
     """The shard running now (job id, first, end position): `omlx-jobs workers` shows it."""
     last_shard: tuple[str, int] | None = None
+    on_shard: Callable[[], None] | None = field(default=None, repr=False)
+    """Called when a shard starts (the RQ worker publishes its record then)."""
     """The shard finished last (job id, first position): its prefix group is in this worker's cache."""
     requests_done: int = 0
     _drain_deadline: float | None = field(default=None, repr=False)
@@ -111,6 +114,8 @@ def run_shard(job_id: Any, start: Any, end: Any) -> dict[str, Any]:
         raise ValueError(f"bad shard message: ({job_id!r}, {start!r}, {end!r})")
     ctx = current()
     ctx.current = (job_id, start, end)
+    if ctx.on_shard is not None:
+        ctx.on_shard()  # `omlx-jobs workers` shows the shard now, not at the next heartbeat
     try:
         outcome = shard.run_shard(
             ctx.store, ctx.engine, job_id, start, end, control=ctx.control, worker=ctx.name, meter=ctx.meter

@@ -54,6 +54,7 @@ class OmlxWorker(SimpleWorker):
         super().__init__(queues, **kwargs)
         self.context = context
         context.name = self.name
+        context.on_shard = self.publish
         self._born = time.time()
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> Any:

@@ -80,7 +80,8 @@ class _JobWatch:
         if not self.cancelled and now >= self._next:
             self._next = now + STATUS_POLL_SECONDS
             status = self.store.get_job(self.job_id).status
-            self.cancelled = status in (lifecycle.CANCELLING, lifecycle.CANCELLED)
+            # Cancelled, or ended under it (an API batch that expired): stop rather than compute unused results.
+            self.cancelled = status == lifecycle.CANCELLING or status in lifecycle.TERMINAL
         if self.cancelled:
             return Control.CANCEL
         return self.external() if self.external else Control.RUN
