@@ -180,9 +180,6 @@ _ELSEWHERE = {
     "suffix": f"suffix is a {COMPLETIONS_URL} parameter",
     "best_of": f"best_of is a {COMPLETIONS_URL} parameter",
 }
-# Validated, but not run by this worker yet (issue 12, phase 2): a non-default value is a line error rather
-# than a request whose results would silently lack it. Tests of the validation itself empty this set.
-NOT_YET_RUN: set[str] = {"response_format", "logprobs", "top_logprobs", "echo", "logit_bias"}
 
 
 def _check_bool(name: str, value: Any, hint: str = "") -> bool | object:
@@ -296,10 +293,4 @@ def _cross_checks(out: dict[str, Any], where: str) -> dict[str, Any]:
         )
     if "top_logprobs" in out and not out["top_logprobs"]:
         del out["top_logprobs"]  # 0 is the default
-    for key in sorted(NOT_YET_RUN & set(out)):
-        raise BadValue(
-            "unsupported_parameter",
-            f"{where}{key}",
-            f"{key} is not available in this version yet; remove it",
-        )
     return out

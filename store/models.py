@@ -81,6 +81,8 @@ class Request(Base):
     # Choices after the first, for n > 1: [{"text": ..., "finish_reason": ...}, ...].
     more_choices: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, default=None)
     finish_reason: Mapped[str | None] = mapped_column(String(16), default=None)
+    # Logprobs when asked for (logprobs, echo), in worker/logprobs.py's stored form; NULL otherwise.
+    logprobs: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
     cached_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
     completion_tokens: Mapped[int | None] = mapped_column(Integer, default=None)

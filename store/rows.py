@@ -18,6 +18,8 @@ class CompletionRow:
     completion_tokens: int
     more_choices: list[dict[str, Any]] | None = None
     """Choices after the first, for n > 1: [{"text": ..., "finish_reason": ...}, ...]."""
+    logprobs: dict[str, Any] | None = None
+    """Only when the request asked for logprobs or echo: the stored form of worker/logprobs.py."""
     started_at: float | None = None
     """When the request first started; kept if the row already has one."""
 

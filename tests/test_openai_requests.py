@@ -18,7 +18,6 @@ from openai.lib._parsing._completions import type_to_response_format_param
 from openai.types import completion_create_params as completion_params
 from openai.types.chat import completion_create_params as chat_params
 
-from omlx_jobs.jobs import params
 from omlx_jobs.jobs.errors import InvalidLine
 from omlx_jobs.jobs.formats import CHAT_URL, COMPLETIONS_URL, SamplingParams, parse_line
 from omlx_jobs.jobs.params import OutputParams
@@ -218,21 +217,10 @@ def test_each_completion_value_we_cannot_honour_is_a_named_error(
         (COMPLETIONS_URL, "logprobs", 2),
     ],
 )
-def test_new_features_are_refused_until_the_engine_runs_them(url: str, field: str, value: Any) -> None:
+def test_the_new_features_are_accepted_now_that_the_engine_runs_them(url: str, field: str, value: Any) -> None:
     base = CHAT_DEFAULTS if url == CHAT_URL else COMPLETION_DEFAULTS
-    err = _error(url, {**base, field: value})
-    assert (err.code, _field_of(err)) == (
-        "unsupported_parameter",
-        field,
-    ) and "not available in this version" in err.message
-
-
-# ---- the new parameters, with the engine gate lifted ---------------------------------------------------
-
-
-@pytest.fixture
-def engine_runs_everything(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(params, "NOT_YET_RUN", set())
+    line = parse_line(batch_line("x", url, {**base, field: value}), 1)
+    assert line.body is not None and field in line.body, line
 
 
 def _body(url: str, **kw: Any) -> dict[str, Any]:
@@ -240,7 +228,6 @@ def _body(url: str, **kw: Any) -> dict[str, Any]:
     return parse_line(batch_line("x", url, {**base, **kw}), 1).body
 
 
-@pytest.mark.usefixtures("engine_runs_everything")
 def test_chat_logprobs_normalize() -> None:
     body = _body(CHAT_URL, logprobs=True, top_logprobs=3)
     assert (body["logprobs"], body["top_logprobs"]) == (True, 3)
@@ -249,7 +236,6 @@ def test_chat_logprobs_normalize() -> None:
     assert _error(CHAT_URL, {"messages": MESSAGES, "logprobs": 3}).code == "invalid_type"
 
 
-@pytest.mark.usefixtures("engine_runs_everything")
 def test_completion_logprobs_echo_and_scoring_only() -> None:
     body = _body(COMPLETIONS_URL, logprobs=0, echo=True, max_tokens=0)
     assert OutputParams.from_body(body) == OutputParams(logprobs=True, top_logprobs=0, echo=True)
@@ -261,7 +247,6 @@ def test_completion_logprobs_echo_and_scoring_only() -> None:
     assert err.code == "unsupported_parameter" and "/v1/completions" in err.message
 
 
-@pytest.mark.usefixtures("engine_runs_everything")
 def test_logit_bias_normalizes_ids_and_checks_values() -> None:
     body = _body(CHAT_URL, logit_bias={"007": 5, "50256": -100})
     assert body["logit_bias"] == {"7": 5.0, "50256": -100.0}
@@ -292,7 +277,6 @@ class Extraction(pydantic.BaseModel):
     language: Literal["en", "de"]
 
 
-@pytest.mark.usefixtures("engine_runs_everything")
 def test_the_response_format_the_sdk_writes_for_a_pydantic_model_is_accepted() -> None:
     """client.chat.completions.parse(response_format=Model) sends this; it must validate and compile."""
     rf = type_to_response_format_param(Extraction)
@@ -304,7 +288,6 @@ def test_the_response_format_the_sdk_writes_for_a_pydantic_model_is_accepted() -
     assert body["response_format"]["json_schema"]["strict"] is True
 
 
-@pytest.mark.usefixtures("engine_runs_everything")
 def test_response_format_rules() -> None:
     assert "response_format" not in _body(CHAT_URL, response_format={"type": "text"})
     assert _body(CHAT_URL, response_format={"type": "json_object"})["response_format"] == {"type": "json_object"}

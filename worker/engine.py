@@ -22,11 +22,13 @@ from typing import Any
 from omlx_jobs import defaults
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.formats import SamplingParams
+from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.worker.backend import Batch, ModelBackend, RowOutput, RowSpec
 from omlx_jobs.worker.disk_cache import DiskCache
 from omlx_jobs.worker.model import LoadedModel, PromptError
+from omlx_jobs.worker.outputs import Outputs, engine_eos
 from omlx_jobs.worker.prefix_cache import PrefixCache
-from omlx_jobs.worker.results import Choice, ItemResult, PlanTotals, RunStats
+from omlx_jobs.worker.results import Choice, ItemResult, PlanTotals, RequestFailure, RunStats
 from omlx_jobs.worker.sampling import SamplerFactory
 from omlx_jobs.worker.scheduler import Admission, Scheduler
 from omlx_jobs.worker.sequence import Collector, SequenceState, WorkItem
@@ -36,6 +38,10 @@ from omlx_jobs.worker.warmup import WarmUps, WarmupStats
 __all__ = ["Choice", "Control", "Engine", "EngineConfig", "ItemResult", "RunStats", "WorkItem"]
 
 log = logging.getLogger(__name__)
+
+
+def _wants_lp(seq: SequenceState) -> bool:
+    return seq.extra is not None and seq.extra.wants_logprobs
 
 
 class Control(enum.Enum):
@@ -98,7 +104,7 @@ class Engine:
         self.loaded = loaded
         self.config = cfg = config or EngineConfig()
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
-        self.eos = [] if cfg.ignore_eos else sorted(self.tokenizer.eos_token_ids)
+        self.eos = [] if cfg.ignore_eos else engine_eos(loaded)
         self.backend = ModelBackend(
             self.model,
             eos=self.eos,
@@ -116,6 +122,7 @@ class Engine:
             if cfg.cache_dir and cfg.prefix_cache and self.backend.reusable
             else None
         )
+        self.outputs = Outputs(loaded, self.cache)
         self.warmups = WarmUps(
             self.backend, self.cache, self.disk, batch_size=cfg.prefill_batch_size, min_tokens=cfg.min_shared_tokens
         )
@@ -137,8 +144,11 @@ class Engine:
 
     # ---- checks ------------------------------------------------------------------------------------
 
-    def check(self, tokens: Sequence[int], params: SamplingParams) -> None:
-        """Raise PromptError if the prompt leaves no room to generate within the model's context."""
+    def check(self, tokens: Sequence[int], params: SamplingParams, output: OutputParams | None = None) -> None:
+        """Raise PromptError if the prompt leaves no room to generate within the model's context, or if what it
+        asks for beyond sampling cannot run on this model (worker/outputs.py)."""
+        if output is not None:
+            self.outputs.check(output)
         ctx = self.loaded.context_length
         if len(tokens) >= ctx:
             raise PromptError(
@@ -239,6 +249,8 @@ class Engine:
             sampler=self.samplers.sampler(work.params, a.choice),
             processors=self.samplers.logits_processors(work.params),
         )
+        if self._extras(run, a, seq, row):
+            return None
         match = self.cache.lookup(prompt.key, limit=n) if self.prefix_enabled else None
         if match is not None and match.length == n and match.entry.tokens == n and match.entry.logits is not None:
             run.collector.start(a.item, work, cached=n)
@@ -254,11 +266,29 @@ class Engine:
         self._insert(run, seq, row)
         return None
 
+    def _extras(self, run: _Run, a: Admission, seq: SequenceState, row: RowSpec) -> bool:
+        """Attach what the request asks for beyond sampling (worker/outputs.py); True if it is done already
+        (echo with max_tokens 0 scores the prompt only)."""
+        before = self.outputs.scored_tokens
+        seq.extra = self.outputs.choice(a.work.output, a.work.prompt, row.processors)
+        if seq.extra is None:
+            return False
+        row.processors = seq.extra.processors
+        scored = self.outputs.scored_tokens - before
+        run.stats.prefill_tokens += scored
+        if a.work.params.max_tokens > 0:
+            return False
+        run.collector.start(a.item, a.work, cached=len(a.work.prompt) - scored)
+        self._finish(run, seq, "length")
+        return True
+
     def _start_from_logits(self, run: _Run, pending: list[_FromLogits]) -> None:
         """Sample the first tokens of fully cached sequences (one device wait), then finish or insert each."""
         if not pending:
             return
-        for p, out in zip(pending, run.batch.first_tokens([p.row for p in pending]), strict=True):
+        outputs = run.batch.first_tokens([p.row for p in pending])
+        self.outputs.collect([(p.seq.extra, o) for p, o in zip(pending, outputs, strict=True) if _wants_lp(p.seq)])
+        for p, out in zip(pending, outputs, strict=True):
             run.stats.generation_tokens += len(out.tokens)
             reason = p.seq.consume(out.tokens, out.finish)
             if reason is not None:
@@ -279,6 +309,7 @@ class Engine:
     def _collect(self, run: _Run, outputs: list[RowOutput]) -> None:
         """Hand each row's tokens to its sequence; finish the sequences that ended, and commit their items."""
         active, stopped, generated = run.active, [], 0
+        self.outputs.collect([(s.extra, o) for o in outputs if (s := active.get(o.row)) is not None and _wants_lp(s)])
         for out in outputs:
             seq = active.get(out.row)
             if seq is None:
@@ -300,7 +331,25 @@ class Engine:
         text = self.tokenizer.decode(seq.tokens)
         if seq.stops is not None:
             text, reason = final_text(text, seq.stops.stops, reason)
-        run.collector.finish(seq.item, seq.choice, Choice(text, reason, seq.generated, seq.tokens))
+        choice = Choice(text, reason, seq.generated, seq.tokens)
+        if seq.extra is not None:
+            before, choice.logprobs, choice.prompt_logprobs, error = seq.extra.finish(len(seq.tokens), self.outputs)
+            if error is not None:
+                message = f"the output broke its response_format grammar: {error}"
+                self._fail(run, seq.item, RequestFailure(ErrorCode.GRAMMAR_ERROR, message))
+                return
+            choice.text = before + text
+        run.collector.finish(seq.item, seq.choice, choice)
+
+    def _fail(self, run: _Run, item: int, failure: RequestFailure) -> None:
+        """One item fails alone: its other rows leave the batch first."""
+        rows = [r for r, s in run.active.items() if s.item == item]
+        if rows:
+            run.batch.remove(rows)
+            for r in rows:
+                del run.active[r]
+        if item in run.collector:
+            run.collector.fail(item, failure)
 
     def _commit(self, run: _Run) -> None:
         results = run.collector.take()

@@ -51,6 +51,10 @@ class PromptLogprobs:
         """The first n positions (a shorter cached prefix)."""
         return PromptLogprobs(self.tokens[:n], self.logprobs[:n], self.top_ids[:n], self.top_logprobs[:n])
 
+    def tail(self, n: int) -> PromptLogprobs:
+        """All but the first n positions."""
+        return PromptLogprobs(self.tokens[n:], self.logprobs[n:], self.top_ids[n:], self.top_logprobs[n:])
+
     def concat(self, other: PromptLogprobs) -> PromptLogprobs:
         """These positions followed by `other`'s (a cached prefix and the suffix scored after it)."""
         return PromptLogprobs(
@@ -131,7 +135,7 @@ def prompt_logprobs(
     prompts: Sequence[Sequence[int]],
     *,
     top_k: int = TOP_K,
-    prefix: tuple[Sequence[Any], mx.array] | None = None,
+    prefix: tuple[Sequence[Any], mx.array | None] | None = None,
     return_caches: bool = False,
     positions_per_step: int = POSITIONS_PER_STEP,
 ) -> list[tuple[PromptLogprobs, mx.array, list[KVCache] | None]]:
@@ -139,7 +143,8 @@ def prompt_logprobs(
     after its last token (where generation starts) and, with return_caches, its own KV caches.
 
     `prefix`: (caches, logits) of a prefix every prompt continues: its batch-1 KV caches and the logits after
-    its last token, which score each prompt's first token. Without one, a prompt's first token has none.
+    its last token, which score each prompt's first token. Without one (or without those logits), a prompt's
+    first token has none (NaN).
     """
     rows = len(prompts)
     lengths = [len(p) for p in prompts]
@@ -183,5 +188,5 @@ def prompt_logprobs(
     return out
 
 
-def prefix_len(prefix: tuple[Sequence[Any], mx.array]) -> int:
+def prefix_len(prefix: tuple[Sequence[Any], mx.array | None]) -> int:
     return int(prefix[0][0].offset)

@@ -21,6 +21,10 @@ class Choice:
     finish_reason: str
     completion_tokens: int
     token_ids: list[int]
+    logprobs: list[Any] | None = None
+    """Its tokens' logprobs in worker/logprobs.py's stored entry form, when asked for."""
+    prompt_logprobs: list[Any] | None = None
+    """echo with logprobs: the prompt's entries (the same for every choice)."""
 
 
 @dataclass(frozen=True)
@@ -61,8 +65,19 @@ def completion_row(result: ItemResult) -> CompletionRow:
         cached_tokens=result.cached_tokens,
         completion_tokens=result.completion_tokens,
         more_choices=[{"text": c.text, "finish_reason": c.finish_reason} for c in more] or None,
+        logprobs=_stored_logprobs(result.choices),
         started_at=result.started_at,
     )
+
+
+def _stored_logprobs(choices: list[Choice]) -> dict[str, Any] | None:
+    """The logprobs column (worker/logprobs.py's stored form, version 1), or None when none were asked for."""
+    if all(c.logprobs is None for c in choices):
+        return None
+    stored: dict[str, Any] = {"v": 1, "choices": [c.logprobs or [] for c in choices]}
+    if choices[0].prompt_logprobs is not None:
+        stored["prompt"] = choices[0].prompt_logprobs
+    return stored
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omlx_jobs.jobs.formats import SamplingParams
+from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.worker.prompts import Prompt
 from omlx_jobs.worker.results import Choice, ItemResult, RequestFailure
 from omlx_jobs.worker.stopping import StopStrings
@@ -27,6 +28,8 @@ class WorkItem:
     params: SamplingParams
     prompt: Prompt = None  # type: ignore[assignment]
     """Built from `tokens` unless given (an image prompt brings its own key)."""
+    output: OutputParams = field(default_factory=OutputParams)
+    """What it asks for beyond sampling: response_format, logit_bias, logprobs, echo (worker/outputs.py)."""
 
     def __post_init__(self) -> None:
         if self.prompt is None:
@@ -42,6 +45,8 @@ class SequenceState:
     stops: StopStrings | None = None
     tokens: list[int] = field(default_factory=list)
     generated: int = 0
+    extra: Any = None
+    """Its worker.outputs.ChoiceOutputs when the request asks for a format, a bias or logprobs."""
 
     def consume(self, tokens: Sequence[int], finish: str | None) -> str | None:
         """Take one step's tokens (the backend's finish reason for them); returns why the sequence ended, if it did.

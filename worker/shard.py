@@ -18,6 +18,7 @@ from omlx_jobs import defaults
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs import lifecycle
 from omlx_jobs.jobs.formats import SamplingParams
+from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.jobs.sharding import UNIT
 from omlx_jobs.store import Store, StoreError
 from omlx_jobs.store.db import PendingRequest
@@ -182,16 +183,16 @@ def work_items(
             )
             outcome.failed += 1
             continue
-        params = SamplingParams.from_body(req.body)
+        params, output = SamplingParams.from_body(req.body), OutputParams.from_body(req.body)
         tokens: list[int] = []
         try:
             tokens = engine.loaded.encode(req.endpoint, req.body)
-            engine.check(tokens, params)
+            engine.check(tokens, params, output)
         except PromptError as exc:
             store.record_failure(req.id, exc.code, exc.message, prompt_tokens=len(tokens) or None, run_id=run_id)
             outcome.failed += 1
             continue
-        yield WorkItem(req.id, tokens, params), req.sort_key
+        yield WorkItem(req.id, tokens, params, output=output), req.sort_key
 
 
 def store_results(store: Store, results: list[ItemResult], run_id: int | None = None) -> tuple[int, int]:
