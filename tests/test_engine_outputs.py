@@ -96,20 +96,12 @@ def test_json_object_outputs_are_objects_or_were_cut_by_max_tokens(
     store: Store, tiny_loaded: LoadedModel, tmp_path: Path
 ) -> None:
     engine = Engine(tiny_loaded, EngineConfig(completion_batch_size=32))
-    lines = [
-        _line(
-            f"o{i}",
-            CHAT_URL,
-            {
-                "messages": _chat(i),
-                "max_tokens": 300,
-                "temperature": 1.0,
-                "seed": i,
-                "response_format": {"type": "json_object"},
-            },
-        )  # fmt: skip
+    fmt = {"type": "json_object"}
+    bodies = [
+        {"messages": _chat(i), "max_tokens": 300, "temperature": 1.0, "seed": i, "response_format": fmt}
         for i in range(48)
     ]
+    lines = [_line(f"o{i}", CHAT_URL, b) for i, b in enumerate(bodies)]
     _, outputs = _run_job(store, engine, tmp_path, lines)
     stopped = 0
     for out in outputs:
@@ -201,12 +193,13 @@ def test_logprobs_equal_a_plain_forward_pass(tiny_loaded: LoadedModel, batch: in
 
 def test_logit_bias_forces_and_bans_tokens(tiny_loaded: LoadedModel) -> None:
     engine = Engine(tiny_loaded)
-    forced = _work(tiny_loaded, 0, CHAT_URL, {"messages": _chat(0), "max_tokens": 6, "temperature": 0, "logit_bias": {"42": 100}})  # fmt: skip
-    plain = _work(tiny_loaded, 1, CHAT_URL, {"messages": _chat(0), "max_tokens": 6, "temperature": 0})
+    greedy = {"messages": _chat(0), "max_tokens": 6, "temperature": 0}
+    forced = _work(tiny_loaded, 0, CHAT_URL, {**greedy, "logit_bias": {"42": 100}})
+    plain = _work(tiny_loaded, 1, CHAT_URL, greedy)
     results = _results(engine, [forced, plain])
     assert results[0].choices[0].token_ids == [42] * 6
     first = results[1].choices[0].token_ids[0]
-    banned = _work(tiny_loaded, 2, CHAT_URL, {"messages": _chat(0), "max_tokens": 6, "temperature": 0, "logit_bias": {str(first): -100}})  # fmt: skip
+    banned = _work(tiny_loaded, 2, CHAT_URL, {**greedy, "logit_bias": {str(first): -100}})
     assert _results(engine, [banned])[2].choices[0].token_ids[0] != first
 
 
@@ -254,13 +247,14 @@ def test_scoring_shares_the_question(tiny_loaded: LoadedModel) -> None:
 
 
 def test_echo_with_generation_and_the_openai_types(store: Store, tiny_loaded: LoadedModel, tmp_path: Path) -> None:
+    echoed = {"echo": True, "temperature": 0}
     lines = [
-        _line("e", COMPLETIONS_URL, {"prompt": QUESTION, "max_tokens": 4, "temperature": 0, "logprobs": 2, "echo": True}),
-        _line("s", COMPLETIONS_URL, {"prompt": QUESTION + ANSWERS[0], "max_tokens": 0, "logprobs": 0, "echo": True}),
-        _line("t", COMPLETIONS_URL, {"prompt": QUESTION, "max_tokens": 3, "temperature": 0, "echo": True}),
+        _line("e", COMPLETIONS_URL, {"prompt": QUESTION, "max_tokens": 4, "logprobs": 2, **echoed}),
+        _line("s", COMPLETIONS_URL, {"prompt": QUESTION + ANSWERS[0], "max_tokens": 0, "logprobs": 0, **echoed}),
+        _line("t", COMPLETIONS_URL, {"prompt": QUESTION, "max_tokens": 3, **echoed}),
         _line("c", CHAT_URL, {"messages": _chat(1), "max_tokens": 4, "temperature": 0, "logprobs": True, "n": 2}),
         _line("p", CHAT_URL, {"messages": _chat(1), "max_tokens": 4, "temperature": 0}),
-    ]  # fmt: skip
+    ]
     _, outputs = _run_job(store, Engine(tiny_loaded), tmp_path, lines)
     by_id = {o["custom_id"]: o["response"]["body"] for o in outputs}
     for key in ("e", "s"):  # strict past echo's first token, whose null the SDK's types lack (its parse takes it)
