@@ -15,12 +15,13 @@ import pytest
 
 from omlx_jobs.jobs import lifecycle
 from omlx_jobs.jobs.formats import INPUT_ERROR_CODES, MAX_LINE_BYTES, InputError, ParsedRequest, parse_stream
+from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.jobs.submit import load_job
 from omlx_jobs.store import RequestStatus, Store, open_store
 
 DATA = Path(__file__).parent / "data" / "bad"
 CASES: list[dict[str, Any]] = json.loads((DATA / "cases.json").read_text(encoding="utf-8"))["cases"]
-RUNTIME_CODES = {"context_length_exceeded", "invalid_prompt"}
+RUNTIME_CODES = {"context_length_exceeded", "invalid_prompt", "invalid_logit_bias"}
 MODEL = "tiny"
 
 
@@ -180,7 +181,7 @@ def test_runtime_check_names_the_request(case: dict[str, Any], tmp_path: Path, e
     for req in requests:
         try:
             tokens = engine.loaded.encode(req.endpoint, req.body)
-            engine.check(tokens, SamplingParams.from_body(req.body))
+            engine.check(tokens, SamplingParams.from_body(req.body), OutputParams.from_body(req.body))
         except PromptError as exc:
             failures[req.line] = exc
     assert sorted(failures) == [e["line"] for e in case["errors"]]
