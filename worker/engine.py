@@ -231,6 +231,7 @@ class Engine:
             new = [a.work.key for a in window.admissions if a.item not in run.collector]
             if new:
                 run.on_admit(list(dict.fromkeys(new)))
+        self.warmups.scorer = self.outputs.scorer_for(window.admissions)
         self.warmups.ensure(window.warmups)
         from_logits = [p for a in window.admissions if (p := self._admit(run, a)) is not None]
         self._start_from_logits(run, from_logits)

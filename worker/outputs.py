@@ -22,13 +22,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
 from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.worker import kv
 from omlx_jobs.worker.grammar import GrammarCache, GrammarTokenizer, model_eos_ids
 from omlx_jobs.worker.logits import RowLogits, check_logit_bias, logits_width, row_logits
 from omlx_jobs.worker.logprobs import TokenLogprob, TokenPieces, step_logprobs, stored_logprobs
 from omlx_jobs.worker.model import LoadedModel
-from omlx_jobs.worker.prefix_cache import PrefixCache
+from omlx_jobs.worker.prefix_cache import Match, PrefixCache
 from omlx_jobs.worker.prompt_logprobs import PromptLogprobs, prompt_logprobs
 from omlx_jobs.worker.prompts import Prompt, common_prefix
 
@@ -112,6 +115,7 @@ class Outputs:
         self._width: int | None = None
         self._grammar: tuple[GrammarTokenizer, GrammarCache, TokenPieces] | None = None
         self.scores = PromptScores()
+        self._plain_kv: bool | None = None
         self.scored_tokens = 0
         """Prompt tokens run through the model for echo (the engine adds them to its prefill count)."""
 
@@ -179,6 +183,39 @@ class Outputs:
 
     # ---- echo --------------------------------------------------------------------------------------------
 
+    def scorer_for(self, admissions: Sequence[Any]) -> Outputs | None:
+        """Self when a window's requests want prompt logprobs and the model's caches let warm-ups keep them."""
+        if not any(a.work.output.echo and a.work.output.logprobs for a in admissions):
+            return None
+        if self._plain_kv is None:
+            self._plain_kv = all(isinstance(c, KVCache) for c in make_prompt_cache(self.loaded.model))
+        return self if self._plain_kv else None
+
+    def warm(self, key: bytes, tokens: Sequence[int], base: Match | None) -> tuple[list[Any], mx.array, int]:
+        """A warm-up's prefill that keeps its per-position scores: (its caches, the logits after it, tokens run).
+
+        It continues `base` when the base's scores and the logits after it are known, else runs the prefix whole.
+        """
+        known = self.scores.longest(key)
+        s = base.length if base is not None else 0
+        scores = None
+        if (
+            base is not None
+            and known is not None
+            and known[1] >= s == base.entry.tokens
+            and base.entry.logits is not None
+        ):
+            prefix = (kv.view(base.entry.value, base.entry.tokens, s), base.entry.logits)
+            ((suffix, last, caches),) = prompt_logprobs(
+                self.loaded.model, [list(tokens[s:])], prefix=prefix, return_caches=True
+            )
+            scores, computed = known[0].head(s).concat(suffix), len(tokens) - s
+        if scores is None:
+            ((scores, last, caches),) = prompt_logprobs(self.loaded.model, [list(tokens)], return_caches=True)
+            computed = len(tokens)
+        self.scores.add(key, scores)
+        return caches, last, computed  # type: ignore[return-value]
+
     def score(self, prompt: Prompt) -> PromptLogprobs:
         """The prompt's per-position logprobs, computing only what neither kept scores nor the cache give.
 
@@ -189,6 +226,9 @@ class Outputs:
         n, known = len(prompt), self.scores.longest(prompt.key)
         if known is not None and known[1] >= n:
             return known[0].head(n)
+        exact = self._after_scored(prompt, known)
+        if exact is not None:
+            return exact
         base = self._base(prompt, known[1] - 1) if known is not None and known[1] > 1 else None
         tokens = prompt.tokens
         scored = None
@@ -204,14 +244,31 @@ class Outputs:
         self.scores.add(prompt.key, scored)
         return scored
 
+    def _after_scored(self, prompt: Prompt, known: tuple[PromptLogprobs, int] | None) -> PromptLogprobs | None:
+        """Scores when a cache entry ends exactly where the kept scores do, with the logits after it (a scored
+        warm-up): only the rest of the prompt runs, its first token scored from those logits."""
+        if known is None:
+            return None
+        match = self.cache.lookup(prompt.key, limit=known[1], count=False)
+        if match is None or not match.length == match.entry.tokens == known[1] or match.entry.logits is None:
+            return None
+        caches = kv.view(match.entry.value, match.entry.tokens, match.length)
+        try:
+            rest = self._run(prompt.tokens[match.length :], caches, match.entry.logits)
+        except ValueError:
+            return None
+        scored = known[0].head(match.length).concat(rest)
+        self.scores.add(prompt.key, scored)
+        return scored
+
     def _base(self, prompt: Prompt, limit: int) -> tuple[int, list[Any]] | None:
         match = self.cache.lookup(prompt.key, limit=limit, count=False)
         if match is None or match.length < 1:
             return None
         return match.length, kv.view(match.entry.value, match.entry.tokens, match.length)
 
-    def _run(self, tokens: Sequence[int], caches: list[Any] | None) -> PromptLogprobs:
-        prefix = (caches, None) if caches is not None else None
+    def _run(self, tokens: Sequence[int], caches: list[Any] | None, logits: Any = None) -> PromptLogprobs:
+        prefix = (caches, logits) if caches is not None else None
         ((scores, _, _),) = prompt_logprobs(self.loaded.model, [list(tokens)], prefix=prefix)
         self.scored_tokens += len(tokens)
         return scores

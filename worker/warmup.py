@@ -34,6 +34,9 @@ class WarmUps:
         self.backend, self.cache, self.disk = backend, cache, disk
         self.trimmable, self.batch_size, self.min_tokens = backend.trimmable, batch_size, min_tokens
         self.stats = WarmupStats()
+        self.scorer: Any = None
+        """Set per window by the engine when its requests want echo's prompt logprobs (worker/outputs.py):
+        warm-ups then also keep each prefix's per-position logprobs, so no request recomputes its prefix."""
 
     def ensure(self, warmups: list[Warmup]) -> None:
         """Make sure each warm-up's prefix is cached, computing only what no entry (memory or disk) holds.
@@ -96,6 +99,9 @@ class WarmUps:
     ) -> None:
         if not todo:
             return
+        if self.scorer is not None:
+            self._compute_scored(todo, by_node)
+            return
         tic = time.perf_counter()
         starts = [b.length if b else 0 for _, b in todo]
         bases = [kv.extendable(b.entry.value, b.entry.tokens, b.length) if b else None for _, b in todo]
@@ -117,6 +123,25 @@ class WarmUps:
                 self._derive(by_node[d], source, logits.get(d.depth - 1 - s))
             self.stats.warmups += 1 + len(task.derived)
             self.stats.tokens += len(suffix)
+            if self.disk is not None:
+                self.disk.save(w.key, caches)
+        self.stats.seconds += time.perf_counter() - tic
+
+    def _compute_scored(
+        self, todo: list[tuple[planner.WarmupTask, Match | None]], by_node: dict[planner.WarmUp, Warmup]
+    ) -> None:
+        """Warm-ups that also score their prefixes (one at a time, continuing their base where it is scored)."""
+        tic = time.perf_counter()
+        for task, base in todo:
+            w = by_node[task.node]
+            caches, logits, computed = self.scorer.warm(w.key, w.prompt.tokens[: task.node.depth], base)
+            entry = self.cache.add(
+                w.key, caches, kv.nbytes(caches), needed_until=task.node.last, logits=logits, pin=True
+            )
+            for d in task.derived:
+                self._derive(by_node[d], entry, None)
+            self.stats.warmups += 1 + len(task.derived)
+            self.stats.tokens += computed
             if self.disk is not None:
                 self.disk.save(w.key, caches)
         self.stats.seconds += time.perf_counter() - tic
