@@ -13,6 +13,9 @@
      owns that step for real).
    The variants run side by side, a few decode steps each in turn, so load changes hit them alike.
 3. The grammar's own cost per step at the batch size, without the model (per-row processors, one call).
+4. With --engine: throughput through the real engine (worker/engine.py, as a worker runs a shard): the same
+   requests as chat lines without and with their json_schema response_format, run in alternating rounds
+   (unconstrained, constrained, constrained, unconstrained, ...), so load changes reach both alike.
 
 On a GPU host without network (wheels staged in /tmp/site: llguidance; jsonschema optional):
     PYTHONPATH=/tmp/site:$PWD python3 bench/grammar.py --model tiny --requests 64 --max-tokens 64
@@ -304,6 +307,63 @@ def side_by_side(
     return {v: r.result() for v, r in runs.items()}
 
 
+def engine_rounds(loaded: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Decode tok/s through the engine, unconstrained against json_schema, over alternating rounds."""
+    from omlx_jobs.jobs.formats import CHAT_URL, SamplingParams, parse_line
+    from omlx_jobs.jobs.params import OutputParams
+    from omlx_jobs.worker.engine import Engine, EngineConfig, WorkItem
+
+    engine = Engine(loaded, EngineConfig(completion_batch_size=args.batch, prefix_cache=False))
+    engine.outputs.grammar()  # the grammar tokenizer, once per worker: not part of a job
+
+    def items(constrained: bool) -> list[Any]:
+        out = []
+        for i in range(args.requests):
+            spec = SCHEMAS[i % len(SCHEMAS)]
+            messages = [
+                {"role": "system", "content": "Reply with one JSON object and nothing else."},
+                {"role": "user", "content": f"Extract the {spec['name']} ({i}) as JSON: {TEXTS[i % len(TEXTS)]}"},
+            ]
+            body: dict[str, Any] = {"messages": messages, "max_tokens": args.max_tokens, "temperature": 0}
+            if constrained:
+                body["response_format"] = {
+                    "type": "json_schema",
+                    "json_schema": {"name": "s", "schema": spec["schema"]},
+                }
+            line = json.dumps({"custom_id": str(i), "method": "POST", "url": CHAT_URL, "body": body})
+            b = parse_line(line, 1).body
+            tokens = loaded.encode(CHAT_URL, b)
+            out.append(WorkItem(i, tokens, SamplingParams.from_body(b), output=OutputParams.from_body(b)))
+        return out
+
+    runs: dict[str, list[dict[str, Any]]] = {"unconstrained": [], "json_schema": []}
+    order = ["unconstrained", "json_schema"]
+    for r in range(args.engine_rounds):
+        for variant in order if r % 2 == 0 else order[::-1]:
+            finishes: list[str] = []
+
+            def on_results(rs: list[Any], finishes: list[str] = finishes) -> None:
+                finishes.extend(c.finish_reason for x in rs for c in x.choices)
+
+            stats = engine.run(items(variant == "json_schema"), on_results)
+            runs[variant].append(
+                {
+                    "decode_s": round(stats.decode_seconds, 3),
+                    "tokens": stats.generation_tokens,
+                    "decode_tok_per_s": round(stats.generation_tokens / max(stats.decode_seconds, 1e-9), 2),
+                    "wall_s": round(stats.seconds, 3),
+                    "finish": {k: finishes.count(k) for k in sorted(set(finishes))},
+                }
+            )
+            print(variant, runs[variant][-1], flush=True)
+    tps = {v: sum(x["tokens"] for x in rs) / sum(x["decode_s"] for x in rs) for v, rs in runs.items()}
+    return {
+        "runs": runs,
+        "decode_tok_per_s": {v: round(t, 2) for v, t in tps.items()},
+        "json_schema_slowdown": round(1 - tps["json_schema"] / tps["unconstrained"], 4),
+    }
+
+
 def grammar_executor(args: argparse.Namespace) -> Any:
     import llguidance
 
@@ -321,6 +381,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="mask-filling threads for the batched variant")
     ap.add_argument("--mask-steps", type=int, default=200)
     ap.add_argument("--mask-only", action="store_true", help="compile times and the mask cost, no generation")
+    ap.add_argument("--engine", action="store_true", help="compile times, then throughput through the engine only")
+    ap.add_argument("--engine-rounds", type=int, default=2)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
@@ -332,6 +394,11 @@ def main() -> None:
     loaded = _load(args.model)
     report["compile"] = compile_times(loaded)
     print(json.dumps(report["compile"], indent=1), flush=True)
+    if args.engine:
+        report["engine"] = engine_rounds(loaded, args)
+        print(json.dumps({k: v for k, v in report["engine"].items() if k != "runs"}), flush=True)
+        _write(report, args)
+        return
     vocab = _vocab(loaded)
     tok = GrammarTokenizer.build(loaded.tokenizer, vocab, model_eos_ids(loaded.tokenizer, loaded.config, vocab))
     grammar = (tok, GrammarCache(tok))

@@ -231,8 +231,7 @@ class Engine:
             new = [a.work.key for a in window.admissions if a.item not in run.collector]
             if new:
                 run.on_admit(list(dict.fromkeys(new)))
-        self.warmups.scorer = self.outputs.scorer_for(window.admissions)
-        self.warmups.ensure(window.warmups)
+        self.outputs.warm_up(self.warmups, window)  # the warm-ups, and echo's prompt scores (worker/echo.py)
         from_logits = [p for a in window.admissions if (p := self._admit(run, a)) is not None]
         self._start_from_logits(run, from_logits)
         self._commit(run)

@@ -9,67 +9,31 @@ The engine asks this module at four points, and a request that asks for none of 
 - `Outputs.collect`: after each step; logprobs of every row that wants them, in one evaluation;
 - `ChoiceOutputs.finish`: when it ends; the stored logprobs, echo's text, or the grammar's error.
 
-Echo's prompt logprobs (worker/prompt_logprobs.py) are kept per prompt (`PromptScores`), as phase 1 chose: a
-request whose prompt shares a prefix with one scored before scores only what follows, continuing the prefix
-cache's KV. See `Outputs.score`.
+Echo's prompt logprobs are worker/echo.py's: `Outputs.warm_up` runs a window's warm-ups so that they keep
+their prefixes' scores when its requests want them, then scores its echo prompts in batched passes.
 """
 
 from __future__ import annotations
 
-import collections
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import mlx.core as mx
-from mlx_lm.models.cache import KVCache, make_prompt_cache
-
 from omlx_jobs.jobs.params import OutputParams
-from omlx_jobs.worker import kv
+from omlx_jobs.worker.echo import EchoScorer
 from omlx_jobs.worker.grammar import GrammarCache, GrammarTokenizer, model_eos_ids
 from omlx_jobs.worker.logits import RowLogits, check_logit_bias, logits_width, row_logits
 from omlx_jobs.worker.logprobs import TokenLogprob, TokenPieces, step_logprobs, stored_logprobs
 from omlx_jobs.worker.model import LoadedModel
-from omlx_jobs.worker.prefix_cache import Match, PrefixCache
-from omlx_jobs.worker.prompt_logprobs import PromptLogprobs, prompt_logprobs
-from omlx_jobs.worker.prompts import Prompt, common_prefix
-
-log = logging.getLogger(__name__)
-
-PROMPT_SCORE_ENTRIES = 256
-"""Scored prompts kept for echo (about 48 bytes per token each); the most recently used stay."""
+from omlx_jobs.worker.prefix_cache import PrefixCache
+from omlx_jobs.worker.prompts import Prompt
+from omlx_jobs.worker.scheduler import Window
+from omlx_jobs.worker.warmup import WarmUps
 
 
 def engine_eos(loaded: LoadedModel) -> list[int]:
     """The full EOS set (tokenizer and config), which the engine stops on and grammars end with."""
     return sorted(model_eos_ids(loaded.tokenizer, loaded.config, 1 << 31))
-
-
-class PromptScores:
-    """Per-position prompt logprobs of recently scored prompts, by prompt key, least recently used out."""
-
-    def __init__(self, max_entries: int = PROMPT_SCORE_ENTRIES) -> None:
-        self.max_entries = max_entries
-        self._entries: collections.OrderedDict[bytes, PromptLogprobs] = collections.OrderedDict()
-
-    def longest(self, key: bytes) -> tuple[PromptLogprobs, int] | None:
-        """The kept scores sharing the longest prefix with `key`, and how many positions they share."""
-        best: tuple[bytes, int] | None = None
-        for k in self._entries:
-            shared = common_prefix(k, key)
-            if shared and (best is None or shared > best[1]):
-                best = (k, shared)
-        if best is None:
-            return None
-        self._entries.move_to_end(best[0])
-        return self._entries[best[0]], best[1]
-
-    def add(self, key: bytes, scores: PromptLogprobs) -> None:
-        self._entries[key] = scores
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
 
 
 @dataclass
@@ -114,10 +78,12 @@ class Outputs:
         self.loaded, self.cache = loaded, cache
         self._width: int | None = None
         self._grammar: tuple[GrammarTokenizer, GrammarCache, TokenPieces] | None = None
-        self.scores = PromptScores()
-        self._plain_kv: bool | None = None
-        self.scored_tokens = 0
-        """Prompt tokens run through the model for echo (the engine adds them to its prefill count)."""
+        self.echo = EchoScorer(loaded.model, cache)
+
+    @property
+    def scored_tokens(self) -> int:
+        """Prompt tokens run through the model for echo requests (the engine adds them to its prefill count)."""
+        return self.echo.tokens_run
 
     @property
     def width(self) -> int:
@@ -152,7 +118,7 @@ class Outputs:
         if output.echo:
             co.prompt_text = self._text(prompt.tokens)
             if output.logprobs:
-                co.prompt_entries = self.score(prompt).entries(output.top_logprobs)
+                co.prompt_entries = self.echo.score(prompt).entries(output.top_logprobs)
         return co
 
     def collect(self, rows: Sequence[tuple[ChoiceOutputs, Any]]) -> None:
@@ -181,94 +147,13 @@ class Outputs:
         raw = self.grammar()[0].ll.decode_bytes(list(tokens))
         return bytes(raw).decode("utf-8", errors="replace")
 
-    # ---- echo --------------------------------------------------------------------------------------------
+    # ---- echo ---------------------------------------------------------------------------------------------
 
-    def scorer_for(self, admissions: Sequence[Any]) -> Outputs | None:
-        """Self when a window's requests want prompt logprobs and the model's caches let warm-ups keep them."""
-        if not any(a.work.output.echo and a.work.output.logprobs for a in admissions):
-            return None
-        if self._plain_kv is None:
-            self._plain_kv = all(isinstance(c, KVCache) for c in make_prompt_cache(self.loaded.model))
-        return self if self._plain_kv else None
-
-    def warm(self, key: bytes, tokens: Sequence[int], base: Match | None) -> tuple[list[Any], mx.array, int]:
-        """A warm-up's prefill that keeps its per-position scores: (its caches, the logits after it, tokens run).
-
-        It continues `base` when the base's scores and the logits after it are known, else runs the prefix whole.
-        """
-        known = self.scores.longest(key)
-        s = base.length if base is not None else 0
-        scores = None
-        if (
-            base is not None
-            and known is not None
-            and known[1] >= s == base.entry.tokens
-            and base.entry.logits is not None
-        ):
-            prefix = (kv.view(base.entry.value, base.entry.tokens, s), base.entry.logits)
-            ((suffix, last, caches),) = prompt_logprobs(
-                self.loaded.model, [list(tokens[s:])], prefix=prefix, return_caches=True
-            )
-            scores, computed = known[0].head(s).concat(suffix), len(tokens) - s
-        if scores is None:
-            ((scores, last, caches),) = prompt_logprobs(self.loaded.model, [list(tokens)], return_caches=True)
-            computed = len(tokens)
-        self.scores.add(key, scores)
-        return caches, last, computed  # type: ignore[return-value]
-
-    def score(self, prompt: Prompt) -> PromptLogprobs:
-        """The prompt's per-position logprobs, computing only what neither kept scores nor the cache give.
-
-        Positions up to S are known from a prompt scored before (S shared tokens). The pass continues the
-        prefix cache's KV of B <= S - 1 tokens (the logits after B tokens are not kept, so position B's
-        score comes from the kept ones) and scores the rest; without both, the whole prompt is scored.
-        """
-        n, known = len(prompt), self.scores.longest(prompt.key)
-        if known is not None and known[1] >= n:
-            return known[0].head(n)
-        exact = self._after_scored(prompt, known)
-        if exact is not None:
-            return exact
-        base = self._base(prompt, known[1] - 1) if known is not None and known[1] > 1 else None
-        tokens = prompt.tokens
-        scored = None
-        if base is not None:
-            b, caches = base
-            try:
-                suffix = self._run(tokens[b:], caches)
-                scored = known[0].head(b + 1).concat(suffix.tail(1))  # type: ignore[index]
-            except ValueError as exc:  # caches prompt_logprobs cannot continue (not KVCache): score it all
-                log.info("prompt logprobs without the cached prefix: %s", exc)
-        if scored is None:
-            scored = self._run(tokens, None)
-        self.scores.add(prompt.key, scored)
-        return scored
-
-    def _after_scored(self, prompt: Prompt, known: tuple[PromptLogprobs, int] | None) -> PromptLogprobs | None:
-        """Scores when a cache entry ends exactly where the kept scores do, with the logits after it (a scored
-        warm-up): only the rest of the prompt runs, its first token scored from those logits."""
-        if known is None:
-            return None
-        match = self.cache.lookup(prompt.key, limit=known[1], count=False)
-        if match is None or not match.length == match.entry.tokens == known[1] or match.entry.logits is None:
-            return None
-        caches = kv.view(match.entry.value, match.entry.tokens, match.length)
-        try:
-            rest = self._run(prompt.tokens[match.length :], caches, match.entry.logits)
-        except ValueError:
-            return None
-        scored = known[0].head(match.length).concat(rest)
-        self.scores.add(prompt.key, scored)
-        return scored
-
-    def _base(self, prompt: Prompt, limit: int) -> tuple[int, list[Any]] | None:
-        match = self.cache.lookup(prompt.key, limit=limit, count=False)
-        if match is None or match.length < 1:
-            return None
-        return match.length, kv.view(match.entry.value, match.entry.tokens, match.length)
-
-    def _run(self, tokens: Sequence[int], caches: list[Any] | None, logits: Any = None) -> PromptLogprobs:
-        prefix = (caches, logits) if caches is not None else None
-        ((scores, _, _),) = prompt_logprobs(self.loaded.model, [list(tokens)], prefix=prefix)
-        self.scored_tokens += len(tokens)
-        return scores
+    def warm_up(self, warmups: WarmUps, window: Window) -> None:
+        """The window's warm-ups, then its echo prompts' scores in batched passes (worker/echo.py); warm-ups
+        keep their prefixes' scores when its requests want prompt logprobs."""
+        prompts = [a.work.prompt for a in window.admissions if a.work.output.echo and a.work.output.logprobs]
+        warmups.scorer = self.echo if prompts and self.echo.usable else None
+        warmups.ensure(window.warmups)
+        if warmups.scorer is not None:
+            self.echo.prepare(prompts)

@@ -130,11 +130,11 @@ class WarmUps:
     def _compute_scored(
         self, todo: list[tuple[planner.WarmupTask, Match | None]], by_node: dict[planner.WarmUp, Warmup]
     ) -> None:
-        """Warm-ups that also score their prefixes (one at a time, continuing their base where it is scored)."""
+        """Warm-ups that also keep their prefixes' per-position logprobs (worker/echo.py), in one batched pass."""
         tic = time.perf_counter()
-        for task, base in todo:
-            w = by_node[task.node]
-            caches, logits, computed = self.scorer.warm(w.key, w.prompt.tokens[: task.node.depth], base)
+        nodes = [by_node[task.node] for task, _ in todo]
+        tasks = [(w.key, w.prompt.tokens[: w.node.depth], base) for w, (_, base) in zip(nodes, todo, strict=True)]
+        for w, (task, _), (caches, logits, computed) in zip(nodes, todo, self.scorer.warm(tasks), strict=True):
             entry = self.cache.add(
                 w.key, caches, kv.nbytes(caches), needed_until=task.node.last, logits=logits, pin=True
             )
