@@ -22,6 +22,7 @@ from typing import Any
 from omlx_jobs import defaults
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.formats import SamplingParams
+from omlx_jobs.worker import faults
 from omlx_jobs.worker.backend import Batch, ModelBackend, RowOutput, RowSpec
 from omlx_jobs.worker.disk_cache import DiskCache
 from omlx_jobs.worker.model import LoadedModel, PromptError
@@ -239,6 +240,8 @@ class Engine:
             sampler=self.samplers.sampler(work.params, a.choice),
             processors=self.samplers.logits_processors(work.params),
         )
+        if faults.on_row is not None:  # a test hook (worker/faults.py)
+            faults.on_row(work, row)
         match = self.cache.lookup(prompt.key, limit=n) if self.prefix_enabled else None
         if match is not None and match.length == n and match.entry.tokens == n and match.entry.logits is not None:
             run.collector.start(a.item, work, cached=n)

@@ -22,6 +22,7 @@ from omlx_jobs.jobs.sharding import UNIT
 from omlx_jobs.store import Store, StoreError
 from omlx_jobs.store.db import PendingRequest
 from omlx_jobs.store.shards import ShardInfo
+from omlx_jobs.worker.containment import run_contained
 from omlx_jobs.worker.engine import Control, Engine
 from omlx_jobs.worker.model import PromptError
 from omlx_jobs.worker.prompts import token_key
@@ -247,7 +248,9 @@ def _run(
         store.mark_started(keys)
 
     watch = _JobWatch(store, job_id, control)
-    stats = engine.run(items, on_results, watch, on_admit=on_admit, on_plan=on_plan)
+    stats = run_contained(
+        engine, items, on_results, watch, on_admit=on_admit, on_plan=on_plan, refund=store.refund_attempts
+    )
     _settle(store, engine, outcome, stats, cancelled=watch.cancelled)
 
 
