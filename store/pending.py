@@ -15,8 +15,9 @@ from omlx_jobs.store.errors import retrying
 from omlx_jobs.store.models import Request, RequestStatus
 from omlx_jobs.store.shards import ShardCut, in_shard
 
-PAGE_ROWS = 256
-"""Rows per page a worker reads: its memory for pending rows is one page, whatever the shard's size."""
+PAGE_ROWS = 1024
+"""Rows per page a worker reads and plans: its memory for pending rows is one page, whatever the shard's size (one
+page holds a default shard: jobs/sharding.py)."""
 
 
 @dataclass(frozen=True)
