@@ -158,3 +158,19 @@ def test_rebuild_makes_a_poisoned_random_state_usable(tiny_loaded: LoadedModel) 
         mx.eval(make_sampler(temp=1.0)(logits))  # what every later sampled request hit (defect 2)
     containment.rebuild(Engine(tiny_loaded))
     assert make_sampler(temp=1.0)(logits).shape == (2,)
+
+
+def test_the_shards_timeout_is_not_contained(tiny_loaded: LoadedModel) -> None:
+    from rq.timeouts import JobTimeoutException
+
+    engine = Engine(tiny_loaded, EngineConfig(completion_batch_size=4, prefill_batch_size=2))
+
+    def on_row(work: WorkItem, row: Any) -> None:
+        if work.key == 2:  # as RQ's alarm would, in the middle of the engine's own code
+            raise JobTimeoutException("shard timed out")
+
+    faults.on_row = on_row
+    refunded: list[Any] = []
+    with pytest.raises(JobTimeoutException):
+        containment.run_contained(engine, items(tiny_loaded, 6), lambda rs: None, refund=refunded.extend)
+    assert refunded == []

@@ -12,7 +12,8 @@ fail them all, `run_contained`:
 A request that fails alone while none succeeds is not evidence against it: after MAX_FAILING_IN_A_ROW of those,
 the engine itself is taken as broken and the error is raised (the shard goes back to the queue, as before).
 
-Exceptions of the caller's own callbacks and input (the store, a bad row, a timeout) are never contained.
+Exceptions of the caller's own callbacks and input (the store, a bad row) and the shard's timeout (RQ raises it
+from a signal, wherever the run is) are never contained.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import mlx.core as mx
+from rq.timeouts import BaseTimeoutException
 
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.worker.engine import Control, Engine
@@ -161,7 +163,7 @@ class _Contained:
         """After an engine exception: re-raise it if it was the caller's; else refund and rebuild, and return
         the attempt's (suspects, innocent)."""
         suspects, innocent = attempt.split()
-        if exc is self.caller_error or not suspects:
+        if exc is self.caller_error or isinstance(exc, BaseTimeoutException) or not suspects:
             raise exc  # the caller's, or before any request started (a planning failure: the shard's, as before)
         log.warning(
             "the engine raised with %s requests in flight (%s: %s); running them again in isolation",
