@@ -174,3 +174,28 @@ def test_the_shards_timeout_is_not_contained(tiny_loaded: LoadedModel) -> None:
     with pytest.raises(JobTimeoutException):
         containment.run_contained(engine, items(tiny_loaded, 6), lambda rs: None, refund=refunded.extend)
     assert refunded == []
+
+
+def test_a_stop_during_isolation_leaves_the_rest_pending(tiny_loaded: LoadedModel) -> None:
+    engine = Engine(tiny_loaded, EngineConfig(completion_batch_size=4, prefill_batch_size=2))
+    refunded: list[Any] = []
+    results: dict[Any, ItemResult] = {}
+    poison_rows(1)
+    control = containment.Control.RUN
+
+    def refund(keys: list[Any]) -> None:
+        nonlocal control
+        refunded.extend(keys)
+        control = containment.Control.STOP  # a SIGTERM arrives as the first failure is contained
+
+    stats = containment.run_contained(
+        engine,
+        items(tiny_loaded, 12),
+        lambda rs: results.update({r.key: r for r in rs}),
+        lambda: control,
+        refund=refund,
+        page_size=6,
+    )
+    assert all(r.error is None for r in results.values())  # nobody was blamed
+    assert set(stats.unfinished) >= set(refunded) and 1 in stats.unfinished
+    assert not stats.input_exhausted and not set(stats.unfinished) & set(results)

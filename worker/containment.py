@@ -237,9 +237,8 @@ def _isolate(c: _Contained, suspects: list[WorkItem]) -> list[WorkItem]:
             elif failing:
                 _failed_alone(c, failing[0], exc, alone_tries, groups)
             continue
-        if c.stopped(stats):
-            done = set(stats.unfinished)
-            return [w for w in group if w.key in done] + [w for g in groups for w in g]
+        if c.stopped(stats):  # what it left (read or not) and the groups not run yet stay pending
+            return [w for w in group if w.key not in attempt.done] + [w for g in groups for w in g]
     return []
 
 
