@@ -14,8 +14,9 @@
    The variants run side by side, a few decode steps each in turn, so load changes hit them alike.
 3. The grammar's own cost per step at the batch size, without the model (per-row processors, one call).
 4. With --engine: throughput through the real engine (worker/engine.py, as a worker runs a shard): the same
-   requests as chat lines without and with their json_schema response_format, run in alternating rounds
-   (unconstrained, constrained, constrained, unconstrained, ...), so load changes reach both alike.
+   requests as chat lines without and with their json_schema response_format (masks applied for the whole
+   batch in one call per step, and, as json_schema_rows, row by row in mlx-lm's own step), run in rounds whose
+   order reverses each time, so load changes reach every variant alike.
 
 On a GPU host without network (wheels staged in /tmp/site: llguidance; jsonschema optional):
     PYTHONPATH=/tmp/site:$PWD python3 bench/grammar.py --model tiny --requests 64 --max-tokens 64
@@ -336,16 +337,19 @@ def engine_rounds(loaded: Any, args: argparse.Namespace) -> dict[str, Any]:
             out.append(WorkItem(i, tokens, SamplingParams.from_body(b), output=OutputParams.from_body(b)))
         return out
 
-    runs: dict[str, list[dict[str, Any]]] = {"unconstrained": [], "json_schema": []}
-    order = ["unconstrained", "json_schema"]
+    order = args.engine_variants.split(",")
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in order}
+    batched = engine.backend.step_logits
     for r in range(args.engine_rounds):
         for variant in order if r % 2 == 0 else order[::-1]:
+            # json_schema_rows: the same grammar as per-row processors in mlx-lm's own step (no batch call)
+            engine.backend.step_logits = None if variant == "json_schema_rows" else batched
             finishes: list[str] = []
 
             def on_results(rs: list[Any], finishes: list[str] = finishes) -> None:
                 finishes.extend(c.finish_reason for x in rs for c in x.choices)
 
-            stats = engine.run(items(variant == "json_schema"), on_results)
+            stats = engine.run(items(variant != "unconstrained"), on_results)
             runs[variant].append(
                 {
                     "decode_s": round(stats.decode_seconds, 3),
@@ -360,7 +364,7 @@ def engine_rounds(loaded: Any, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "runs": runs,
         "decode_tok_per_s": {v: round(t, 2) for v, t in tps.items()},
-        "json_schema_slowdown": round(1 - tps["json_schema"] / tps["unconstrained"], 4),
+        "slowdown_vs_unconstrained": {v: round(1 - t / tps["unconstrained"], 4) for v, t in tps.items()},
     }
 
 
@@ -383,6 +387,7 @@ def main() -> None:
     ap.add_argument("--mask-only", action="store_true", help="compile times and the mask cost, no generation")
     ap.add_argument("--engine", action="store_true", help="compile times, then throughput through the engine only")
     ap.add_argument("--engine-rounds", type=int, default=2)
+    ap.add_argument("--engine-variants", default="unconstrained,json_schema,json_schema_rows")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, _merge_caches, _right_pad_prompts, generation_stream
+from mlx_lm.generate import BatchGenerator, GenerationBatch, _merge_caches, _right_pad_prompts, generation_stream
 from mlx_lm.models.cache import _BaseCache, can_trim_prompt_cache, make_prompt_cache
 
 from omlx_jobs.worker import attention, kv
@@ -28,6 +28,9 @@ BaseCache = _BaseCache
 Caches = list[Any]
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+StepLogits = Callable[[mx.array, list[Any], list[int]], mx.array]
+"""(the batch's logits, each row's batchable processor or None, each row's last token) -> logits: one call
+per decode step for every row's batchable processor (worker/logits.py's BatchablePart: bias and grammar)."""
 
 # Models whose __call__ is `project(model.model(x))` with nothing in between (checked for mlx-lm 0.32.2):
 # for them a prefill runs the body alone and projects only the positions whose logits are wanted.
@@ -103,6 +106,8 @@ class ModelBackend:
         # Reuse needs caches BatchGenerator can merge; others fall back to no reuse.
         self.reusable = all(hasattr(c, "merge") for c in probe)
         self.ragged = False
+        self.step_logits: StepLogits | None = None
+        """Set by the engine: decode steps then apply processors marked `batchable` in one call for all rows."""
 
     def use_ragged_decode(self) -> bool:
         """Decode through worker/attention.py's kernel where it runs (CUDA) and the model allows; True if so."""
@@ -186,6 +191,9 @@ class DecodeBatch:
             self._closing.callback(gen.close)
             # mlx-lm copies each finished sequence's KV cache out to return it; nothing here uses it.
             gen._generation_batch.extract_cache = lambda idx: None
+            if backend.step_logits is not None:  # the persistent batch every decode step runs in (mlx-lm 0.32.2)
+                gen._generation_batch.__class__ = _BatchStepGeneration
+                gen._generation_batch.step_logits = backend.step_logits
             self._stats = self._closing.enter_context(gen.stats())
         except BaseException:
             self._closing.close()
@@ -258,3 +266,50 @@ class DecodeBatch:
         if self._view is None or self._view[0] is not entry or self._view[1] != length:
             self._view = (entry, length, kv.view(entry.value, entry.tokens, length))
         return self._view[2]
+
+
+class _BatchStepGeneration(GenerationBatch):  # type: ignore[misc]
+    """mlx-lm 0.32.2's GenerationBatch step, except that processors marked `batchable` (grammar masks, logit_bias)
+    are applied for the whole batch by one `step_logits` call after the per-row ones, the forward pass running
+    meanwhile. A row's first token is sampled by mlx-lm's own step, row by row, with the same processors."""
+
+    step_logits: StepLogits
+
+    def _step(self) -> tuple[list[int], list[mx.array]]:
+        self._current_tokens = self._next_tokens
+        self._current_logprobs = self._next_logprobs
+        inputs = self._current_tokens
+        logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
+        parts = [next((p for p in ps or () if getattr(p, "batchable", False)), None) for ps in self.logits_processors]
+        others = [
+            [p for p in ps or () if p is not part] for ps, part in zip(self.logits_processors, parts, strict=True)
+        ]
+        token_context = []
+        if any(others):  # row by row only where a row has a processor besides its batchable one
+            rows = []
+            for e in range(len(self.uids)):
+                row_logits = logits[e : e + 1]
+                if others[e]:  # as mlx-lm: only rows with (such) processors keep a context
+                    context = self._token_context[e].update_and_fetch(inputs[e : e + 1])
+                    token_context.append(context)
+                    for processor in others[e]:
+                        row_logits = processor(context, row_logits)
+                rows.append(row_logits)
+            logits = mx.concatenate(rows, axis=0)
+        if any(p is not None for p in parts):
+            mx.async_eval(logits)  # the forward pass runs while the masks are filled
+            logits = self.step_logits(logits, parts, inputs.tolist())
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        samplers = [self.fallback_sampler if s is None else s for s in (self.samplers or [None] * len(self.uids))]
+        if not samplers or all(s is samplers[0] for s in samplers):
+            sampled = (samplers[0] if samplers else self.fallback_sampler)(logprobs)
+        else:
+            sampled = mx.concatenate([s(logprobs[e : e + 1]) for e, s in enumerate(samplers)], axis=0)
+        self._next_tokens = sampled
+        self._next_logprobs = list(logprobs)
+        mx.async_eval(self._next_tokens, self._next_logprobs, token_context)
+        mx.eval(inputs, self._current_logprobs)
+        tokens = inputs.tolist()
+        for sti, ti in zip(self.tokens, tokens, strict=True):
+            sti.append(ti)
+        return tokens, self._current_logprobs

@@ -124,6 +124,7 @@ class Engine:
             else None
         )
         self.outputs = Outputs(loaded, self.cache)
+        self.backend.step_logits = self.outputs.step_logits  # grammar masks and biases: one call per step
         self.warmups = WarmUps(
             self.backend, self.cache, self.disk, batch_size=cfg.prefill_batch_size, min_tokens=cfg.min_shared_tokens
         )

@@ -91,6 +91,28 @@ class LogitBias:
         return logits.at[:, self._ids].add(self._values.astype(logits.dtype))
 
 
+class BatchablePart:
+    """A row's logit_bias and grammar mask as one processor, marked `batchable`: called for one row (its first
+    token, sampled as mlx-lm makes a batch) it biases and masks that row; a decode step that sees the whole batch
+    (backend.py) skips it and applies `row` for every row at once through BatchLogits instead. Its grammar
+    consumes each token once either way: the row's first call sees the prompt, and each later token is consumed
+    by the call (this one or BatchLogits) that masks the next."""
+
+    batchable = True
+
+    def __init__(self, row: RowLogits, vocab_size: int) -> None:
+        self.row = row
+        self._bias = LogitBias(row.bias, vocab_size) if row.bias else None
+        self._grammar = GrammarProcessor(row.constraint) if row.constraint is not None else None
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        if self._bias is not None:
+            logits = self._bias(tokens, logits)
+        if self._grammar is not None:
+            logits = self._grammar(tokens, logits)
+        return logits
+
+
 class LogprobTap:
     """First of a row's processors: keeps the model's own logprobs before later processors change them.
 

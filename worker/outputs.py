@@ -19,10 +19,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import mlx.core as mx
+
 from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.worker.echo import EchoScorer
 from omlx_jobs.worker.grammar import GrammarCache, GrammarTokenizer, model_eos_ids
-from omlx_jobs.worker.logits import RowLogits, check_logit_bias, logits_width, row_logits
+from omlx_jobs.worker.logits import (
+    BatchablePart,
+    BatchLogits,
+    LogprobTap,
+    RowLogits,
+    check_logit_bias,
+    logits_width,
+    row_logits,
+)
 from omlx_jobs.worker.logprobs import TokenLogprob, TokenPieces, step_logprobs, stored_logprobs
 from omlx_jobs.worker.model import LoadedModel
 from omlx_jobs.worker.prefix_cache import PrefixCache
@@ -79,6 +89,7 @@ class Outputs:
         self._width: int | None = None
         self._grammar: tuple[GrammarTokenizer, GrammarCache, TokenPieces] | None = None
         self.echo = EchoScorer(loaded.model, cache)
+        self._batch: BatchLogits | None = None
 
     @property
     def scored_tokens(self) -> int:
@@ -113,13 +124,32 @@ class Outputs:
             return None
         grammars = self.grammar()[1] if output.response_format is not None else None
         width = self.width if output.logit_bias else 0
-        logits = row_logits(output, grammars=grammars, vocab_size=width, penalties=penalties)
+        logits = self._logits(output, grammars, width, penalties)
         co = ChoiceOutputs(output, logits, position=len(prompt))
         if output.echo:
             co.prompt_text = self._text(prompt.tokens)
             if output.logprobs:
                 co.prompt_entries = self.echo.score(prompt).entries(output.top_logprobs)
         return co
+
+    def _logits(
+        self, output: OutputParams, grammars: GrammarCache | None, width: int, penalties: list[Any]
+    ) -> RowLogits:
+        """The row's processors: the logprob tap (when anything changes the logits), the penalties, then bias and
+        grammar as one BatchablePart, which decode steps apply for the whole batch at once (`step_logits`)."""
+        row = row_logits(output, grammars=grammars, vocab_size=width, penalties=penalties, batched=True)
+        if row.bias or row.constraint is not None:
+            row.processors.append(BatchablePart(row, width))
+        if output.logprobs and row.processors:
+            row.tap = LogprobTap()
+            row.processors.insert(0, row.tap)
+        return row
+
+    def step_logits(self, logits: mx.array, parts: list[Any], tokens: list[int]) -> mx.array:
+        """Bias and mask every row of a decode step in one call (backend.StepLogits; BatchLogits does it)."""
+        if self._batch is None:
+            self._batch = BatchLogits(self.grammar()[0])
+        return self._batch.apply(logits, [p.row if p is not None else None for p in parts], tokens)
 
     def collect(self, rows: Sequence[tuple[ChoiceOutputs, Any]]) -> None:
         """Append each row's new tokens' logprobs (model's own, before any processor), one evaluation for all.

@@ -143,7 +143,7 @@ class WarmUps:
         tasks = [(w.key, w.prompt.tokens[: w.node.depth], base) for w, (_, base) in zip(nodes, todo, strict=True)]
         for w, (task, _), (caches, logits, computed) in zip(nodes, todo, self.scorer.warm(tasks), strict=True):
             entry = self.cache.add(
-                w.key, caches, kv.nbytes(caches), needed_until=task.node.last, logits=logits, pin=True
+                w.key, caches, kv.nbytes(caches), needed_until=task.node.last, logits=logits.reshape(1, -1), pin=True
             )
             for d in task.derived:
                 self._derive(by_node[d], entry, None)
