@@ -286,3 +286,28 @@ def test_a_bias_outside_the_vocabulary_fails_alone(store: Store, tiny_loaded: Lo
     rows = {r.custom_id: r for r in store.iter_requests(job_id)}
     assert rows["bad"].status == RequestStatus.FAILED and rows["bad"].error_code == "invalid_logit_bias"
     assert rows["good"].status == RequestStatus.COMPLETED
+
+
+def test_one_mask_call_per_step_equals_the_row_by_row_processors(tiny_loaded: LoadedModel) -> None:
+    """Grammar masks and biases applied for the whole batch in one call per step give the tokens that mlx-lm's
+    own row-by-row processor calls give (greedy), penalties and logprobs included."""
+    bodies = []
+    for i in range(12):
+        spec = SCHEMAS[i % len(SCHEMAS)]
+        body: dict[str, Any] = {"messages": _chat(i), "max_tokens": 48, "temperature": 0}
+        if i % 3 != 2:
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "s", "schema": spec["schema"]}}
+        if i % 2:
+            body["logit_bias"] = {"7": 3.0, "11": -100}
+        if i % 4 == 3:
+            body |= {"repetition_penalty": 1.2, "logprobs": True, "top_logprobs": 2}
+        bodies.append(body)
+
+    def tokens(batched: bool) -> dict[int, list[int]]:
+        engine = Engine(tiny_loaded, EngineConfig(completion_batch_size=8, prefill_batch_size=4))
+        if not batched:
+            engine.backend.step_logits = None
+        items = [_work(tiny_loaded, i, CHAT_URL, b) for i, b in enumerate(bodies)]
+        return {k: r.choices[0].token_ids for k, r in _results(engine, items).items()}
+
+    assert tokens(batched=True) == tokens(batched=False)
