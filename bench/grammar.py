@@ -314,7 +314,8 @@ def engine_rounds(loaded: Any, args: argparse.Namespace) -> dict[str, Any]:
     from omlx_jobs.jobs.params import OutputParams
     from omlx_jobs.worker.engine import Engine, EngineConfig, WorkItem
 
-    engine = Engine(loaded, EngineConfig(completion_batch_size=args.batch, prefix_cache=False))
+    config = EngineConfig(completion_batch_size=args.batch, prefix_cache=False, ignore_eos=args.ignore_eos)
+    engine = Engine(loaded, config)
     engine.outputs.grammar()  # the grammar tokenizer, once per worker: not part of a job
 
     def items(constrained: bool) -> list[Any]:
@@ -388,6 +389,12 @@ def main() -> None:
     ap.add_argument("--engine", action="store_true", help="compile times, then throughput through the engine only")
     ap.add_argument("--engine-rounds", type=int, default=2)
     ap.add_argument("--engine-variants", default="unconstrained,json_schema,json_schema_rows")
+    ap.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="every request decodes max_tokens (equal batch occupancy in every variant; a finished grammar then "
+        "allows only EOS, whose masks are cheap, and such rows end as grammar errors: throughput only)",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
