@@ -393,7 +393,7 @@ def main() -> None:
         "--ignore-eos",
         action="store_true",
         help="every request decodes max_tokens (equal batch occupancy in every variant; a finished grammar then "
-        "allows only EOS, whose masks are cheap, and such rows end as grammar errors: throughput only)",
+        "allows only EOS, whose masks are cheap: throughput only)",
     )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
