@@ -52,7 +52,7 @@ def response_body(row: Any, model: str) -> dict[str, Any]:
     """The `chat.completion` or `text_completion` object of a completed request."""
     created = int(row.finished_at or 0)
     # Stored logprobs (worker/logprobs.py) only where they were asked for; every other choice says null.
-    # getattr: the store gains its logprobs column in issue 12's second phase.
+    # getattr: rows read without that column (older exports, tests' stand-ins) have none.
     logprobs = choice_logprobs(getattr(row, "logprobs", None), chat=row.endpoint == CHAT_URL)
 
     def lp(i: int) -> dict[str, Any] | None:

@@ -51,7 +51,8 @@ class RowSpec:
     sampler: Sampler | None = None
     """None: greedy, sampled for the whole batch in one call."""
     processors: list[LogitsProcessor] = field(default_factory=list)
-    """Per-request logits processors (penalties today; grammars, logit_bias next), called as proc(tokens, logits)."""
+    """Per-request logits processors (penalties, logprob tap, grammar and logit_bias), called as proc(tokens, logits);
+    one marked `batchable` is applied for the whole batch in decode steps when `step_logits` is set."""
     logits: Any = None
     """first_tokens only: the logits after the last prompt token, cached."""
 
