@@ -242,7 +242,7 @@ def test_positions_matter(vm: VisionModel) -> None:
     prompt = vm.build_prompt(messages, pics)
     pf = prefill(vm, prompt)
     right = _decode_alone(vm, pf.caches, pf.logits)
-    wrong = _decode_alone(vm, positioned(pf.caches, 0), pf.logits)
+    wrong = _decode_alone(vm, positioned(pf.caches, ()), pf.logits)
     assert right == reference(vm, messages, pics)
     assert wrong != right
 

@@ -99,8 +99,7 @@ class Engine:
         self.config = cfg = config or EngineConfig()
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.eos = [] if cfg.ignore_eos else sorted(self.tokenizer.eos_token_ids)
-        self.backend = ModelBackend(
-            self.model,
+        self.backend: ModelBackend = loaded.backend(
             eos=self.eos,
             batch_size=cfg.completion_batch_size,
             prefill_batch_size=cfg.prefill_batch_size,
@@ -113,7 +112,7 @@ class Engine:
         )
         self.disk = (
             DiskCache(cfg.cache_dir, loaded.identity, max_bytes=cfg.cache_dir_bytes)
-            if cfg.cache_dir and cfg.prefix_cache and self.backend.reusable
+            if cfg.cache_dir and cfg.prefix_cache and self.backend.reusable and loaded.vision is None
             else None
         )
         self.warmups = WarmUps(
@@ -247,9 +246,12 @@ class Engine:
             return _FromLogits(seq, row)
         if match is not None and match.length >= n:  # the last prompt token must run to give logits
             match = self.cache.lookup(prompt.key, limit=n - 1, count=False)
+        own = 0  # images: computed from embeddings into a prefix the row starts from (worker/vision_engine.py)
+        if prompt.media:
+            match, own = self.backend.media_prefix(self.cache, prompt, match, a.position, keep=self.prefix_enabled)
         cached = match.length if match is not None else 0
-        run.collector.start(a.item, work, cached=cached)
-        run.stats.prefill_tokens += n - cached
+        run.collector.start(a.item, work, cached=cached - own)
+        run.stats.prefill_tokens += n - cached + own
         row.prompt, row.prefix, row.context = prompt.tokens[cached:], match, prompt.tokens[:cached]
         self._insert(run, seq, row)
         return None

@@ -185,13 +185,14 @@ def work_items(
         params = SamplingParams.from_body(req.body)
         tokens: list[int] = []
         try:
-            tokens = engine.loaded.encode(req.endpoint, req.body)
+            prompt = engine.loaded.prompt(req.endpoint, req.body)  # images fetched and checked here
+            tokens = prompt.tokens
             engine.check(tokens, params)
         except PromptError as exc:
             store.record_failure(req.id, exc.code, exc.message, prompt_tokens=len(tokens) or None, run_id=run_id)
             outcome.failed += 1
             continue
-        yield WorkItem(req.id, tokens, params), req.sort_key
+        yield WorkItem(req.id, tokens, params, prompt), req.sort_key
 
 
 def store_results(store: Store, results: list[ItemResult], run_id: int | None = None) -> tuple[int, int]:

@@ -98,6 +98,8 @@ class VisionModel:
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.image_token_id = int(getattr(model.config, "image_token_id", None) or config["image_token_id"])
         self.features: FeatureCache[ImageFeatures] = FeatureCache()
+        self.batched = is_batched(self.model_type)
+        """Whether the engine decodes it in BatchGenerator; False runs it on vision_serial.py (tests force it)."""
         self._decode_model: Any = None
 
     @classmethod
@@ -199,7 +201,7 @@ class VisionModel:
         It is what BatchGenerator runs: token ids in, logits out, 1-D RoPE at each row's cache offset.
         """
         if self._decode_model is None:
-            if not is_batched(self.model_type):
+            if self.model_type not in BATCHED:
                 raise ValueError(f"{self.model_type} is not decoded in mlx-lm's BatchGenerator; run it unbatched")
             self._decode_model = _twin(self.model.language_model, self.config, BATCHED[self.model_type])
         return self._decode_model

@@ -1,0 +1,212 @@
+"""Vision models in the engine: load one, build image prompts, and compute image positions from embeddings.
+
+The engine runs a vision model's requests as it runs text (worker/engine.py): one scheduler, one prefix
+cache, one BatchGenerator decoding image and text rows together through mlx-lm's text model for the family
+(VisionModel.decode_model). Token ids cannot carry an image, so every position of an image is computed here,
+from the vision features, before a row goes in:
+- warm-ups of shared prefixes that hold images (one system prompt and one image, many questions) run through
+  VisionBackend.prefill, which the warm-ups call with the prompts their suffixes come from;
+- at admission, VisionBackend.media_prefix extends the request's best cached prefix through its last image
+  and hands that prefix to the row (through the prefix cache), so the batch only ever prefills text.
+Caches carry their RoPE breaks (vision_prefill.PositionedKVCache), so a row's text runs at its true mRoPE
+positions, whatever prefix it starts from. Families outside vision.BATCHED run on vision_serial.py instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from omlx_jobs.jobs.formats import CHAT_URL
+from omlx_jobs.jobs.images import ImageAccess
+from omlx_jobs.worker import kv
+from omlx_jobs.worker.backend import ModelBackend
+from omlx_jobs.worker.images import DEFAULT_LIMITS, DecodedImage, ImageError, ImageLimits, decode, fetch, image_urls
+from omlx_jobs.worker.model import LoadedModel
+from omlx_jobs.worker.prefix_cache import Entry, Match, PrefixCache
+from omlx_jobs.worker.prompts import MediaSpan, Prompt
+from omlx_jobs.worker.vision import VisionModel
+from omlx_jobs.worker.vision_prompt import ImageSpan, VisionPrompt
+
+Caches = list[Any]
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """A request's image, checked and decoded once (size, digest); its encoded bytes are kept, not its pixels,
+    so that a shard of thousands of image requests stays small. `pixels` decodes again when the encoder runs."""
+
+    data: bytes = field(repr=False)
+    width: int
+    height: int
+    digest: bytes
+    limits: ImageLimits = DEFAULT_LIMITS
+
+    @classmethod
+    def load(cls, url: str, access: ImageAccess, limits: ImageLimits = DEFAULT_LIMITS) -> ImageRef:
+        data = fetch(url, access)
+        image = decode(data, limits)
+        return cls(data, image.width, image.height, image.digest, limits)
+
+    @property
+    def pixels(self) -> Any:
+        image = decode(self.data, self.limits)
+        if image.digest != self.digest:  # the bytes are ours, in memory: this never happens
+            raise ImageError("invalid_image", "the image decoded differently the second time")
+        return image.pixels
+
+    def decoded(self) -> DecodedImage:
+        return DecodedImage(self.pixels, self.width, self.height, self.digest)
+
+
+@dataclass(frozen=True)
+class ImageMedia(MediaSpan):
+    """An image span of a prompt, with the image itself (for the vision encoder)."""
+
+    image: ImageRef = field(compare=False, repr=False)
+
+
+@dataclass
+class VisionLoaded(LoadedModel):
+    """A vision model loaded for the engine: `model` is the decode model, `vision` the mlx-vlm model."""
+
+    vision: VisionModel | None = None
+    access: ImageAccess = field(default_factory=ImageAccess)
+    """Where this worker reads images from (--allow-files-from, --allow-remote-images), checked per request."""
+    limits: ImageLimits = DEFAULT_LIMITS
+
+    def prompt(self, endpoint: str, body: dict[str, Any]) -> Prompt:
+        """A chat request's prompt through the processor's template, each image fetched, decoded and placed."""
+        if endpoint != CHAT_URL:
+            return super().prompt(endpoint, body)
+        assert self.vision is not None
+        messages = body["messages"]
+        refs = [ImageRef.load(url, self.access, self.limits) for _, _, url in image_urls(messages)]
+        built = self.vision.build_prompt(messages, refs)  # type: ignore[arg-type]  (an ImageRef has their size)
+        media = [ImageMedia(s.start, s.length, s.digest, ref) for s, ref in zip(built.spans, refs, strict=True)]
+        return Prompt.with_media(built.tokens, media)
+
+    def encode(self, endpoint: str, body: dict[str, Any]) -> list[int]:
+        return list(self.prompt(endpoint, body).tokens)
+
+    def backend(self, **kw: Any) -> ModelBackend:
+        assert self.vision is not None
+        return VisionBackend(self.vision, self.model, **kw)
+
+
+def load_vision(
+    ref: str, path: Any, *, context_length: int | None = None, images: ImageAccess | None = None
+) -> LoadedModel:
+    """Load a vision model with mlx-vlm: the decode model shares its language weights (no copy)."""
+    from mlx_lm.utils import load_tokenizer
+
+    from omlx_jobs.worker.model import ModelLoadError, context_length_of, model_identity
+
+    try:
+        vm = VisionModel.load(path)
+    except Exception as exc:
+        raise ModelLoadError(f"mlx-vlm could not load {path}: {exc}") from exc
+    eos = vm.config.get("eos_token_id")
+    tokenizer = load_tokenizer(path, eos_token_ids=[eos] if isinstance(eos, int) else eos)
+    model = vm.decode_model() if vm.batched else vm.model
+    return VisionLoaded(
+        ref=ref,
+        path=path,
+        model=model,
+        tokenizer=tokenizer,
+        config=vm.config,
+        identity=model_identity(path),
+        context_length=context_length or context_length_of(vm.config, path),
+        vision=vm,
+        access=images or ImageAccess(),
+    )
+
+
+def vision_prompt(prompt: Prompt) -> VisionPrompt:
+    """The vision prefill's view of an engine prompt: its tokens, image spans and images."""
+    media = [m for m in prompt.media if isinstance(m, ImageMedia)]
+    spans = tuple(ImageSpan(m.start, m.length, m.digest) for m in media)
+    return VisionPrompt(tuple(prompt.tokens), spans, {"images": tuple(_Lazy(m.image) for m in media)})
+
+
+class _Lazy:
+    """An ImageRef as the vision model reads a DecodedImage: size and digest at once, pixels when encoded."""
+
+    def __init__(self, ref: ImageRef) -> None:
+        self.ref, self.width, self.height, self.digest = ref, ref.width, ref.height, ref.digest
+
+    @property
+    def pixels(self) -> Any:
+        return self.ref.pixels
+
+
+def media_end(prompt: Prompt) -> int:
+    """The position just after the prompt's last image (0 without images)."""
+    return max((m.start + m.length for m in prompt.media), default=0)
+
+
+def has_media(prompt: Prompt | None, start: int, end: int) -> bool:
+    """Whether positions [start, end) of the prompt hold any image position."""
+    return prompt is not None and any(m.start < end and m.start + m.length > start for m in prompt.media)
+
+
+class VisionBackend(ModelBackend):
+    """The text backend, plus image positions computed from embeddings through mlx-vlm's language model."""
+
+    def __init__(self, vm: VisionModel, model: Any, **kw: Any) -> None:
+        super().__init__(model, **kw)
+        self.vm = vm
+
+    def prefill(
+        self,
+        bases: Sequence[Caches | None],
+        suffixes: Sequence[list[int]],
+        want: Sequence[set[int]],
+        prompts: Sequence[Prompt] | None = None,
+    ) -> list[tuple[Caches, dict[int, Any]]]:
+        """As ModelBackend.prefill; a suffix holding image positions runs alone from its embeddings, the rest
+        together by token ids. Every cache comes back carrying its RoPE breaks."""
+        from omlx_jobs.worker.vision_prefill import breaks_of, positioned, prefill
+
+        starts = [b[0].offset if b else 0 for b in bases]
+        media = [
+            i
+            for i, (s, suffix) in enumerate(zip(starts, suffixes, strict=True))
+            if prompts is not None and has_media(prompts[i], s, s + len(suffix))
+        ]
+        out: list[Any] = [None] * len(suffixes)
+        text = [i for i in range(len(suffixes)) if i not in media]
+        if text:
+            done = super().prefill([bases[i] for i in text], [suffixes[i] for i in text], [want[i] for i in text])
+            for i, (caches, logits) in zip(text, done, strict=True):
+                out[i] = (positioned(caches, breaks_of(bases[i])), logits)
+        for i in media:
+            assert prompts is not None
+            base = list(bases[i]) if bases[i] is not None else None
+            end = starts[i] + len(suffixes[i])
+            pf = prefill(self.vm, vision_prompt(prompts[i]), caches=base, start=starts[i], end=end, want=want[i])
+            out[i] = (pf.caches, {j: pf.picked[j] for j in want[i]})
+        return out
+
+    def media_prefix(
+        self, cache: PrefixCache, prompt: Prompt, match: Match | None, position: int, *, keep: bool
+    ) -> tuple[Match, int]:
+        """A prefix covering every image of `prompt`, for its row to start from; and how many tokens were
+        computed for it here (0 when a cached prefix already covers the images).
+
+        The prefix is the best cached one (`match`), extended through the last image from embeddings. With
+        `keep` it is added to the prefix cache (later requests with the same image and text reuse it), and in
+        either case held until admission passes `position`.
+        """
+        end = media_end(prompt)
+        if match is not None and match.length >= end:
+            cache.hold(match.entry, position)  # kept until the row has taken it
+            return match, 0
+        start = match.length if match is not None else 0
+        base = kv.extendable(match.entry.value, match.entry.tokens, start) if match is not None else None
+        ((caches, _),) = self.prefill([base], [prompt.tokens[start:end]], [set()], [prompt])
+        key, size = prompt.prefix_key(end), kv.nbytes(caches)
+        # Without prefix reuse the row takes the prefix directly, and it is gone with the row.
+        entry = cache.add(key, caches, size, needed_until=position, pin=True) if keep else Entry(key, caches, size)
+        return Match(entry, end), end - start
