@@ -99,25 +99,33 @@ def load_vision(
     ref: str, path: Any, *, context_length: int | None = None, images: ImageAccess | None = None
 ) -> LoadedModel:
     """Load a vision model with mlx-vlm: the decode model shares its language weights (no copy)."""
-    from mlx_lm.utils import load_tokenizer
-
-    from omlx_jobs.worker.model import ModelLoadError, context_length_of, model_identity
+    from omlx_jobs.worker.model import ModelLoadError
 
     try:
         vm = VisionModel.load(path)
     except Exception as exc:
         raise ModelLoadError(f"mlx-vlm could not load {path}: {exc}") from exc
+    return loaded_vision(vm, ref, context_length=context_length, images=images)
+
+
+def loaded_vision(
+    vm: VisionModel, ref: str, *, context_length: int | None = None, images: ImageAccess | None = None
+) -> VisionLoaded:
+    """The engine's model for a loaded (or built in memory) VisionModel, reading images as `images` allows."""
+    from mlx_lm.utils import load_tokenizer
+
+    from omlx_jobs.worker.model import context_length_of, model_identity
+
     eos = vm.config.get("eos_token_id")
-    tokenizer = load_tokenizer(path, eos_token_ids=[eos] if isinstance(eos, int) else eos)
-    model = vm.decode_model() if vm.batched else vm.model
+    tokenizer = load_tokenizer(vm.path, eos_token_ids=[eos] if isinstance(eos, int) else eos)
     return VisionLoaded(
         ref=ref,
-        path=path,
-        model=model,
+        path=vm.path,
+        model=vm.decode_model() if vm.batched else vm.model,
         tokenizer=tokenizer,
         config=vm.config,
-        identity=model_identity(path),
-        context_length=context_length or context_length_of(vm.config, path),
+        identity=model_identity(vm.path),
+        context_length=context_length or context_length_of(vm.config, vm.path),
         vision=vm,
         access=images or ImageAccess(),
     )
