@@ -128,6 +128,21 @@ def test_same_image_is_reused_and_shows_in_cached_tokens(loaded: VisionLoaded) -
     assert again[0].cached_tokens >= image_end
 
 
+def test_text_rows_from_a_cached_image_prefix_run_at_text_positions(loaded: VisionLoaded) -> None:
+    """Entries of image prompts carry RoPE breaks after each image; a text prompt that shares only their
+    system prompt, warmed up from a view of one, must not inherit them."""
+    engine = Engine(loaded, EngineConfig(min_shared_tokens=8))
+    a = png(120, 112, 2)
+    run(engine, items(loaded, [chat(q, a, system=True) for q in ("What is this?", "Is it a photo?")]))
+    long = "Please answer the next question in a few words, and then explain your answer"
+    bodies = [chat(f"{long} {q}", system=True) for q in ("What is red?", "Why is the sky blue today?")]
+    work = items(loaded, bodies)
+    assert len(work[0].prompt) > max(len(w.prompt) for w in items(loaded, [chat("What is this?", a, system=True)]))
+    results, stats = run(engine, work)
+    assert stats.warmups >= 1 and results[0].cached_tokens > 0
+    assert [results[i].choices[0].token_ids for i in range(2)] == [reference(loaded, b) for b in bodies]
+
+
 def test_alone_an_image_request_reports_nothing_cached(loaded: VisionLoaded) -> None:
     engine = Engine(loaded, EngineConfig(min_shared_tokens=8))
     results, stats = run(engine, items(loaded, [chat("Describe this image.", png(60, 60, 3))]))

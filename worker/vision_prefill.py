@@ -71,8 +71,11 @@ def positioned(caches: list[Any], breaks: tuple[tuple[int, int], ...] = ()) -> l
 
 
 def breaks_of(caches: list[Any] | None) -> tuple[tuple[int, int], ...]:
-    """The RoPE breaks that caches carry (none for plain caches, or none at all)."""
-    return tuple(getattr(caches[0], "breaks", ())) if caches else ()
+    """The RoPE breaks of the tokens caches hold (a view of a longer entry may carry some beyond its end,
+    which must not travel on when it is extended by other tokens); none for plain caches."""
+    if not caches:
+        return ()
+    return tuple((p, d) for p, d in getattr(caches[0], "breaks", ()) if p <= caches[0].offset)
 
 
 @dataclass
