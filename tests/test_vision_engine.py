@@ -5,6 +5,7 @@ the serial fallback; cached_tokens."""
 from __future__ import annotations
 
 import base64
+import copy
 import io
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from omlx_jobs.jobs.images import ImageAccess  # noqa: E402
 from omlx_jobs.worker import model as model_mod  # noqa: E402
 from omlx_jobs.worker.engine import Engine, EngineConfig, ItemResult, WorkItem  # noqa: E402
 from omlx_jobs.worker.prompts import common_prefix  # noqa: E402
-from omlx_jobs.worker.vision_engine import VisionLoaded, vision_prompt  # noqa: E402
+from omlx_jobs.worker.vision_engine import TemplatePrompt, VisionLoaded, vision_prompt  # noqa: E402
 from omlx_jobs.worker.vision_prefill import prefill  # noqa: E402
 from omlx_jobs.worker.vision_serial import SerialEngine  # noqa: E402
 from tests.test_vision import generate_text, picture  # noqa: E402
@@ -178,8 +179,16 @@ def test_different_images_with_the_same_text_never_share_an_entry(loaded: Vision
 def test_serial_fallback_equals_single_request_mlx_vlm(loaded: VisionLoaded) -> None:
     """A family that cannot batch runs one request at a time on mlx-vlm (forced here on a batchable one)."""
     bodies = mixed_bodies()[:5]
-    results, stats = run(SerialEngine(loaded), items(loaded, bodies))
-    assert [results[i].choices[0].token_ids for i in range(5)] == [reference(loaded, b) for b in bodies]
+    expected = [reference(loaded, b) for b in bodies]
+    batched_lengths = [len(w.prompt) for w in items(loaded, bodies)]
+    serial = VisionLoaded(**{**loaded.__dict__, "model": loaded.vision.model})
+    serial.vision = copy.copy(loaded.vision)
+    serial.vision.batched = False  # prompts through mlx-vlm's processor, as for any other family
+    work = items(serial, bodies)
+    assert all(isinstance(w.prompt, TemplatePrompt) for w in work)
+    results, stats = run(SerialEngine(serial), work)
+    assert [results[i].choices[0].token_ids for i in range(5)] == expected
+    assert [results[i].prompt_tokens for i in range(5)] == batched_lengths  # image tokens counted
     assert all(r.cached_tokens == 0 for r in results.values()) and stats.generation_tokens > 0
 
 

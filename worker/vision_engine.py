@@ -67,6 +67,24 @@ class ImageMedia(MediaSpan):
     image: ImageRef = field(compare=False, repr=False)
 
 
+@dataclass(frozen=True, eq=False)
+class TemplatePrompt(Prompt):
+    """A prompt for the serial fallback: the chat template's text and the images, for mlx-vlm's processor to
+    expand (other families place image tokens their own way). `tokens` hold one image token per image, so
+    the true prompt length is known only once the processor has run (vision_serial.py reports it)."""
+
+    text: str = ""
+    images: tuple[ImageRef, ...] = ()
+
+    @classmethod
+    def build(cls, vm: VisionModel, messages: list[dict[str, Any]], refs: list[ImageRef]) -> TemplatePrompt:
+        from omlx_jobs.worker.vision import template_text
+
+        text = template_text(vm, messages)
+        tokens = list(vm.tokenizer(text)["input_ids"])
+        return cls(tokens, Prompt.from_tokens(tokens).key, (), text, tuple(refs))
+
+
 @dataclass
 class VisionLoaded(LoadedModel):
     """A vision model loaded for the engine: `model` is the decode model, `vision` the mlx-vlm model."""
@@ -80,10 +98,13 @@ class VisionLoaded(LoadedModel):
         """A chat request's prompt through the processor's template, each image fetched, decoded and placed."""
         if endpoint != CHAT_URL:
             return super().prompt(endpoint, body)
-        assert self.vision is not None
+        vm = self.vision
+        assert vm is not None
         messages = body["messages"]
         refs = [ImageRef.load(url, self.access, self.limits) for _, _, url in image_urls(messages)]
-        built = self.vision.build_prompt(messages, refs)  # type: ignore[arg-type]  (an ImageRef has their size)
+        if not vm.batched:
+            return TemplatePrompt.build(vm, messages, refs)
+        built = vm.build_prompt(messages, refs)  # type: ignore[arg-type]  (an ImageRef has their size)
         media = [ImageMedia(s.start, s.length, s.digest, ref) for s, ref in zip(built.spans, refs, strict=True)]
         return Prompt.with_media(built.tokens, media)
 

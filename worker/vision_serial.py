@@ -21,7 +21,7 @@ from omlx_jobs.worker.results import Choice, ItemResult, PlanTotals, RunStats
 from omlx_jobs.worker.sampling import SamplerFactory
 from omlx_jobs.worker.sequence import SequenceState, WorkItem
 from omlx_jobs.worker.stopping import StopStrings, final_text
-from omlx_jobs.worker.vision_engine import vision_prompt
+from omlx_jobs.worker.vision_engine import TemplatePrompt
 
 
 class SerialEngine:
@@ -63,14 +63,16 @@ class SerialEngine:
             if on_admit is not None:
                 on_admit([item.key])
             begun = time.time()
-            choices = [self._generate(item, c, stats) for c in range(item.params.n)]
-            stats.prefill_tokens += len(item.prompt) * item.params.n
-            on_results([ItemResult(item.key, choices, len(item.prompt), 0, begun, time.time())])
+            done = [self._generate(item, c, stats) for c in range(item.params.n)]
+            prompt_tokens = done[0][1]  # as the processor expanded it, image tokens included
+            stats.prefill_tokens += prompt_tokens * item.params.n
+            choices = [choice for choice, _ in done]
+            on_results([ItemResult(item.key, choices, prompt_tokens, 0, begun, time.time())])
         stats.peak_live_items = 1 if work else 0
         stats.seconds = time.perf_counter() - started
         return stats
 
-    def _generate(self, item: WorkItem, choice: int, stats: RunStats) -> Choice:
+    def _generate(self, item: WorkItem, choice: int, stats: RunStats) -> tuple[Choice, int]:
         """One choice through mlx_vlm.stream_generate; stop strings and finish reasons as the Engine's."""
         from mlx_vlm import stream_generate
 
@@ -79,7 +81,7 @@ class SerialEngine:
         stops = StopStrings(params.stop, self.tokenizer.detokenizer) if params.stop else None
         seq = SequenceState(0, choice, stops)
         limit = self.max_new_tokens(len(item.prompt), params)
-        reason = "length"
+        reason, prompt_tokens = "length", len(item.prompt)
         tokenizer = self.vm.tokenizer
         saved = tokenizer.stopping_criteria
         # mlx-vlm stops at EOS without yielding it; here ends are ours to decide (ignore_eos, finish reasons).
@@ -95,6 +97,7 @@ class SerialEngine:
                 logits_processors=self.samplers.logits_processors(params) or None,
             )
             for step, out in enumerate(stream):
+                prompt_tokens = int(out.prompt_tokens)
                 token = int(out.token)
                 finish = "stop" if token in self.eos else ("length" if step + 1 >= limit else None)
                 stats.generation_tokens += 1
@@ -107,15 +110,11 @@ class SerialEngine:
         decoded = self.tokenizer.decode(seq.tokens)
         if stops is not None:
             decoded, reason = final_text(decoded, stops.stops, reason)
-        return Choice(decoded, reason, seq.generated, seq.tokens)
+        return Choice(decoded, reason, seq.generated, seq.tokens), prompt_tokens
 
     def _inputs(self, item: WorkItem) -> tuple[str, Sequence[Any]]:
-        """The prompt as text with one image token per image (the processor expands each), and the pixels."""
-        vp = vision_prompt(item.prompt)
-        ids, at = [], 0
-        for span in vp.spans:
-            ids += list(vp.tokens[at : span.start + 1])
-            at = span.end
-        ids += list(vp.tokens[at:])
-        text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        return text, [im.pixels for im in vp.extra["images"]]
+        """The prompt's template text (one placeholder per image: the processor expands each), and the pixels."""
+        prompt = item.prompt
+        if not isinstance(prompt, TemplatePrompt):  # a completions prompt: text only
+            return self.tokenizer.decode(prompt.tokens, skip_special_tokens=False), []
+        return prompt.text, [im.pixels for im in prompt.images]
