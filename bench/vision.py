@@ -341,6 +341,7 @@ def report(results: dict[str, list[Outcome]], job: Job, args: argparse.Namespace
             {
                 "variant": name,
                 "seconds": round(secs, 3),
+                "runs_seconds": [round(o.seconds, 3) for o in outs],
                 "vs_engine": round(secs / base, 2) if base else None,
                 "encoder_calls": last.encoder_calls,
                 "prefill_tokens": last.prefill_tokens or None,
