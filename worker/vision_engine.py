@@ -225,8 +225,8 @@ class VisionBackend(ModelBackend):
         computed for it here (0 when a cached prefix already covers the images).
 
         The prefix is the best cached one (`match`), extended through the last image from embeddings. With
-        `keep` it is added to the prefix cache (later requests with the same image and text reuse it), and in
-        either case held until admission passes `position`.
+        `keep` (prefix reuse on) it goes into the prefix cache, held until admission passes `position`, and later
+        requests with the same image after the same text reuse it; without, only this row takes it.
         """
         end = media_end(prompt)
         if match is not None and match.length >= end:

@@ -10,6 +10,7 @@ decoded pixels (never from a request's string: images are fetched and checked by
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -22,6 +23,8 @@ from omlx_jobs.worker.sampling import SamplerFactory
 from omlx_jobs.worker.sequence import SequenceState, WorkItem
 from omlx_jobs.worker.stopping import StopStrings, final_text
 from omlx_jobs.worker.vision_engine import TemplatePrompt
+
+log = logging.getLogger(__name__)
 
 
 class SerialEngine:
@@ -39,6 +42,11 @@ class SerialEngine:
         self.eos = frozenset() if self.config.ignore_eos else frozenset(self.tokenizer.eos_token_ids)
         self.cache = PrefixCache(max_bytes=0)  # nothing is reused here; the shard runner reads its stats
         self.samplers = SamplerFactory()
+        log.warning(
+            "%s (%s) does not batch here: its requests run one at a time on mlx-vlm (Qwen2-VL and Qwen2.5-VL batch)",
+            loaded.ref,
+            self.vm.model_type,
+        )
 
     def run(
         self,
