@@ -15,7 +15,7 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_vlm")
 
-from omlx_jobs.jobs.formats import CHAT_URL, SamplingParams  # noqa: E402
+from omlx_jobs.jobs.formats import CHAT_URL, COMPLETIONS_URL, SamplingParams  # noqa: E402
 from omlx_jobs.jobs.images import ImageAccess  # noqa: E402
 from omlx_jobs.worker import model as model_mod  # noqa: E402
 from omlx_jobs.worker.engine import Engine, EngineConfig, ItemResult, WorkItem  # noqa: E402
@@ -190,6 +190,17 @@ def test_serial_fallback_equals_single_request_mlx_vlm(loaded: VisionLoaded) -> 
     assert [results[i].choices[0].token_ids for i in range(5)] == expected
     assert [results[i].prompt_tokens for i in range(5)] == batched_lengths  # image tokens counted
     assert all(r.cached_tokens == 0 for r in results.values()) and stats.generation_tokens > 0
+
+
+def test_a_completions_prompt_on_a_vision_model(loaded: VisionLoaded) -> None:
+    body = {"prompt": "The quick brown fox", "max_tokens": N_TOKENS, "temperature": 0}
+    prompt = loaded.prompt(COMPLETIONS_URL, body)
+    assert loaded.encode(COMPLETIONS_URL, body) == prompt.tokens and not prompt.media
+    results, _ = run(Engine(loaded), [WorkItem(0, prompt.tokens, SamplingParams.from_body(body), prompt)])
+    assert loaded.vision is not None
+    eos = set(loaded.tokenizer.eos_token_ids)
+    expected = [t for t in generate_text(loaded.vision, body["prompt"], []) if t not in eos][:N_TOKENS]
+    assert results[0].choices[0].token_ids == expected
 
 
 def test_a_text_model_refuses_images(tiny_loaded: Any) -> None:

@@ -96,8 +96,8 @@ class VisionLoaded(LoadedModel):
 
     def prompt(self, endpoint: str, body: dict[str, Any]) -> Prompt:
         """A chat request's prompt through the processor's template, each image fetched, decoded and placed."""
-        if endpoint != CHAT_URL:
-            return super().prompt(endpoint, body)
+        if endpoint != CHAT_URL:  # a completions prompt: text, tokenized as for any model
+            return Prompt.from_tokens(LoadedModel.encode(self, endpoint, body))
         vm = self.vision
         assert vm is not None
         messages = body["messages"]
