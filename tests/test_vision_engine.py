@@ -192,6 +192,14 @@ def test_serial_fallback_equals_single_request_mlx_vlm(loaded: VisionLoaded) -> 
     assert all(r.cached_tokens == 0 for r in results.values()) and stats.generation_tokens > 0
 
 
+@pytest.mark.parametrize("prefix_cache", [True, False])
+def test_n_choices_of_an_image_request(loaded: VisionLoaded, prefix_cache: bool) -> None:
+    body = {**chat("Describe this image.", png(100, 70, 1)), "n": 2}
+    results, _ = run(Engine(loaded, EngineConfig(prefix_cache=prefix_cache)), items(loaded, [body]))
+    expected = reference(loaded, body)
+    assert [c.token_ids for c in results[0].choices] == [expected, expected]
+
+
 def test_a_completions_prompt_on_a_vision_model(loaded: VisionLoaded) -> None:
     body = {"prompt": "The quick brown fox", "max_tokens": N_TOKENS, "temperature": 0}
     prompt = loaded.prompt(COMPLETIONS_URL, body)
