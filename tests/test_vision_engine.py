@@ -176,6 +176,16 @@ def test_different_images_with_the_same_text_never_share_an_entry(loaded: Vision
     assert lookup is not None and lookup.entry is eb
 
 
+def test_shard_boundaries_part_at_the_first_different_image(loaded: VisionLoaded) -> None:
+    """What a shard shares with its neighbours (job accounting) is counted by key, not by token ids."""
+    from omlx_jobs.worker.prompts import positions
+    from omlx_jobs.worker.shard import boundary_prefixes
+
+    work = items(loaded, [chat("What is this?", png(100, 70, 0)), chat("What is this?", png(100, 70, 2))])
+    lead, tail = boundary_prefixes([(w, b"group") for w in work])
+    assert lead == tail and positions(lead) == work[0].prompt.media[0].start
+
+
 def test_serial_fallback_equals_single_request_mlx_vlm(loaded: VisionLoaded) -> None:
     """A family that cannot batch runs one request at a time on mlx-vlm (forced here on a batchable one)."""
     bodies = mixed_bodies()[:5]

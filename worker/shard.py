@@ -24,7 +24,7 @@ from omlx_jobs.store.db import PendingRequest
 from omlx_jobs.store.shards import ShardInfo
 from omlx_jobs.worker.engine import Control, Engine
 from omlx_jobs.worker.model import PromptError
-from omlx_jobs.worker.prompts import token_key
+from omlx_jobs.worker.prompts import common_prefix, key_prefix
 from omlx_jobs.worker.results import ItemResult, PlanTotals, RunStats, completion_row
 from omlx_jobs.worker.sequence import WorkItem
 
@@ -272,29 +272,25 @@ def _settle(store: Store, engine: Engine, outcome: ShardOutcome, stats: RunStats
 
 
 def boundary_prefixes(placed: list[tuple[WorkItem, bytes]]) -> tuple[bytes, bytes]:
-    """The common token prefix of the shard's requests in its first prefix group, and in its last one, as
-    token keys: what it can share with the shard before it and the one after (Store.record_shard_plan).
+    """The common prefix of the prompt keys of the shard's requests in its first prefix group, and in its last
+    one: what it can share with the shard before it and the one after (Store.record_shard_plan). Keys, not
+    token ids: two different images after the same text have the same ids but share no positions.
 
     `placed` is in prefix order. A group's requests share their key's first chunk (jobs/sharding.py).
     """
     if not placed:
         return b"", b""
     first, last = placed[0][1][:UNIT], placed[-1][1][:UNIT]
-    lead = [item.tokens for item, key in placed if key[:UNIT] == first]
-    tail = [item.tokens for item, key in placed if key[:UNIT] == last]
-    return token_key(common_tokens(lead)), token_key(common_tokens(tail))
+    lead = [item.prompt.key for item, key in placed if key[:UNIT] == first]
+    tail = [item.prompt.key for item, key in placed if key[:UNIT] == last]
+    return common_key(lead), common_key(tail)
 
 
-def common_tokens(prompts: list[list[int]]) -> list[int]:
-    """The longest token prefix every prompt starts with ([] for none)."""
-    if not prompts:
-        return []
-    prefix = prompts[0]
-    for tokens in prompts[1:]:
-        n = 0
-        for a, b in zip(prefix, tokens, strict=False):
-            if a != b:
-                break
-            n += 1
-        prefix = prefix[:n]
-    return list(prefix)
+def common_key(keys: list[bytes]) -> bytes:
+    """The longest key prefix every key starts with (b"" for none)."""
+    if not keys:
+        return b""
+    prefix = keys[0]
+    for key in keys[1:]:
+        prefix = key_prefix(prefix, common_prefix(prefix, key))
+    return prefix
