@@ -13,16 +13,18 @@ Design (issue 11). Two ways to batch image requests were studied:
   ids through mlx-lm's own text model for the family, built on the same weight arrays (no copy).
 
 Why: image rows then live in the one engine we already plan and measure: continuous batching with text rows,
-the prefix trie and warm-ups (an image's key is its pixel hash), the disk tier, the CUDA ragged decode kernel,
-logits processors, stop handling. mlx-vlm's generator would be a second engine beside it, with its own prefix
-cache and no way to take our planned caches; and we depend only on mlx-vlm's model classes and processors,
-not on its fast-moving generate module.
+the prefix trie and warm-ups (an image's key is its pixel hash), the CUDA ragged decode kernel, logits
+processors, stop handling (worker/vision_engine.py wires it; the disk tier is off for vision models so far).
+mlx-vlm's generator would be a second engine beside it, with its own prefix cache and no way to take our
+planned caches; and we depend only on mlx-vlm's model classes and processors, not on its fast-moving generate
+module (the serial fallback aside).
 
 Position state: Qwen2-VL's mRoPE gives image tokens 2-D positions, so after an image, a token's rotary
 position is its index plus a per-request `rope_delta` (<= 0). mlx-vlm keeps that delta on the model object.
-Here it belongs to the request: the prefill returns it, the row's caches carry it (PositionedKVCache), and
-when BatchGenerator merges caches the delta is added to that row's offset, which mlx-lm's text model uses
-only as its RoPE position (masks use the padding). Every later filter/extend keeps it. For text tokens all
+Here it belongs to the request: the prefill returns it, the row's caches carry it (PositionedKVCache, as the
+delta after each image, so a cached prefix of any length knows its own), and when BatchGenerator merges caches
+the delta is added to that row's offset, which mlx-lm's text model uses only as its RoPE position (masks use
+the padding). Every later filter/extend keeps it. For text tokens all
 three mRoPE sections hold the same position, so mlx-lm's 1-D RoPE is exact for decoding.
 
 Families: BATCHED lists the families whose prompts we build and whose decode runs in mlx-lm's

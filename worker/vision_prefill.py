@@ -2,12 +2,12 @@
 
 prefill() embeds the prompt (text tokens through the embedding table, image tokens from the vision features),
 runs it through mlx-vlm's language model at the family's true positions (mRoPE for Qwen2-VL), and returns the
-caches, the logits after the last prompt token and the request's RoPE delta. It can continue from caches that
-already hold a prefix (`start` tokens): images wholly inside that prefix are not encoded again.
+caches, the logits asked for and the request's RoPE delta. It can continue from caches that already hold a
+prefix (`start` tokens) and stop before the end (`end`): images wholly outside [start, end) are not encoded.
 
-The caches are mlx-lm's own KVCache class, so kv views, the prefix cache and BatchGenerator take them as they
-are. PositionedKVCache adds the one per-request state decoding needs: the RoPE delta, which BatchGenerator's
-merge turns into that row's position offset.
+The caches are mlx-lm's KVCache class, so kv views, the prefix cache and BatchGenerator take them as they are.
+PositionedKVCache adds the one per-request state decoding needs: the RoPE delta after each image, which
+BatchGenerator's merge turns into that row's position offset.
 """
 
 from __future__ import annotations
