@@ -229,6 +229,31 @@ def test_a_text_model_refuses_images(tiny_loaded: Any) -> None:
     assert exc.value.code == "images_not_supported"
 
 
+def test_one_image_asked_about_many_times_is_loaded_once(loaded: VisionLoaded, monkeypatch: Any) -> None:
+    from omlx_jobs.jobs.images import ImageSourceError
+    from omlx_jobs.worker import images
+    from omlx_jobs.worker.images import ImageError
+    from omlx_jobs.worker.vision_engine import ImageMemo
+
+    calls: list[str] = []
+
+    def unreachable(url: str, access: Any) -> bytes:
+        calls.append(url)
+        raise ImageSourceError("image_unreachable", f"could not fetch {url}")
+
+    monkeypatch.setattr(images, "_download", unreachable)
+    remote = VisionLoaded(**{**loaded.__dict__, "access": ImageAccess.create(allow_remote=True), "memo": ImageMemo()})
+    url = "http://127.0.0.1:9/x.png"
+    body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]}
+    for _ in range(3):
+        with pytest.raises(ImageError) as exc:
+            remote.prompt(CHAT_URL, body)
+        assert exc.value.code == "image_unreachable"
+    assert calls == [url]  # one attempt, not one timeout per question
+    first, again = (remote.prompt(CHAT_URL, chat(q, png(60, 60, 0))) for q in ("a?", "b?"))
+    assert first.media[0].image is again.media[0].image  # the same data: URI, decoded once
+
+
 def test_worker_access_is_checked_again(loaded: VisionLoaded, tmp_path: Path) -> None:
     from omlx_jobs.worker.images import ImageError
 

@@ -14,6 +14,9 @@ positions, whatever prefix it starts from. Families outside vision.BATCHED run o
 
 from __future__ import annotations
 
+import hashlib
+import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +63,48 @@ class ImageRef:
         return DecodedImage(self.pixels, self.width, self.height, self.digest)
 
 
+class ImageMemo:
+    """Images loaded lately, by URL (data: URIs and http(s); files are read again each time): a job asks many
+    questions about one image, and it is decoded, fetched or found unreachable once, not once per question."""
+
+    def __init__(self, max_bytes: int = 256 * 1024**2, ttl: float = 60.0) -> None:
+        self.max_bytes, self.ttl = max_bytes, ttl
+        self._items: OrderedDict[bytes, tuple[float, ImageRef | ImageError]] = OrderedDict()
+        self._bytes = 0
+
+    def load(self, url: str, access: ImageAccess, limits: ImageLimits) -> ImageRef:
+        if not url.startswith(("data:", "http://", "https://")):
+            return ImageRef.load(url, access, limits)
+        key, now = hashlib.sha256(url.encode("utf-8", "surrogatepass")).digest(), time.monotonic()
+        hit = self._items.get(key)
+        if hit is not None and now - hit[0] < self.ttl:
+            self._items.move_to_end(key)
+            if isinstance(hit[1], ImageError):
+                raise ImageError(hit[1].code, hit[1].message)
+            return hit[1]
+        try:
+            value: ImageRef | ImageError = ImageRef.load(url, access, limits)
+        except ImageError as exc:
+            value = exc
+        self._put(key, now, value)
+        if isinstance(value, ImageError):
+            raise ImageError(value.code, value.message)
+        return value
+
+    def _put(self, key: bytes, now: float, value: ImageRef | ImageError) -> None:
+        old = self._items.pop(key, None)
+        self._bytes -= _size(old[1]) if old is not None else 0
+        self._items[key] = (now, value)
+        self._bytes += _size(value)
+        while self._bytes > self.max_bytes and len(self._items) > 1:
+            _, (_, gone) = self._items.popitem(last=False)
+            self._bytes -= _size(gone)
+
+
+def _size(value: ImageRef | ImageError) -> int:
+    return len(value.data) if isinstance(value, ImageRef) else 0
+
+
 @dataclass(frozen=True)
 class ImageMedia(MediaSpan):
     """An image span of a prompt, with the image itself (for the vision encoder)."""
@@ -93,6 +138,7 @@ class VisionLoaded(LoadedModel):
     access: ImageAccess = field(default_factory=ImageAccess)
     """Where this worker reads images from (--allow-files-from, --allow-remote-images), checked per request."""
     limits: ImageLimits = DEFAULT_LIMITS
+    memo: ImageMemo = field(default_factory=ImageMemo, repr=False)
 
     def prompt(self, endpoint: str, body: dict[str, Any]) -> Prompt:
         """A chat request's prompt through the processor's template, each image fetched, decoded and placed."""
@@ -101,7 +147,7 @@ class VisionLoaded(LoadedModel):
         vm = self.vision
         assert vm is not None
         messages = body["messages"]
-        refs = [ImageRef.load(url, self.access, self.limits) for _, _, url in image_urls(messages)]
+        refs = [self.memo.load(url, self.access, self.limits) for _, _, url in image_urls(messages)]
         if not vm.batched:
             return TemplatePrompt.build(vm, messages, refs)
         built = vm.build_prompt(messages, refs)  # type: ignore[arg-type]  (an ImageRef has their size)
