@@ -55,11 +55,15 @@ def bomb_png(w: int = 20_000, h: int = 20_000) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
 
 
-def line(cid: str, url: str | None, question: str = "What is in this picture?") -> str:
+SYSTEM = "You are a helpful assistant. Answer briefly and clearly, in a few words."
+
+
+def line(cid: str, url: str | None, question: str = "What is in this picture?", system: bool = False) -> str:
     parts: list[dict[str, Any]] = [{"type": "text", "text": question}]
     if url is not None:
         parts.insert(0, {"type": "image_url", "image_url": {"url": url, "detail": "auto"}})
-    body = {"messages": [{"role": "user", "content": parts}], "max_tokens": 4, "temperature": 0}
+    messages = [{"role": "system", "content": SYSTEM}] * system + [{"role": "user", "content": parts}]
+    body = {"messages": messages, "max_tokens": 4, "temperature": 0}
     return json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": body})
 
 
@@ -98,6 +102,8 @@ def test_bad_images_fail_alone_and_the_job_goes_on(tmp_path: Path, env: dict[str
         line("symlink", str(allowed / "link.png")),
         line("remote", "http://127.0.0.1:9/picture.png"),
         line("data-again", uri, "Is it a photo?"),
+        line("asked-1", uri, "What colors do you see?", system=True),
+        line("asked-2", uri, "Is there any text in it?", system=True),
     ]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     code, out, err = invoke(
@@ -123,9 +129,9 @@ def test_bad_images_fail_alone_and_the_job_goes_on(tmp_path: Path, env: dict[str
     code, out, _ = invoke(env, "status", job, "--json")
     status = json.loads(out)
     assert status["status"] == "completed"  # bad images never fail their job
-    assert status["request_counts"]["completed"] == 5 and status["request_counts"]["failed"] == 7
+    assert status["request_counts"]["completed"] == 7 and status["request_counts"]["failed"] == 7
     ok, codes = results(env, job, tmp_path)
-    assert sorted(ok) == ["data", "data-again", "file", "file-url", "text"]
+    assert sorted(ok) == ["asked-1", "asked-2", "data", "data-again", "file", "file-url", "text"]
     assert codes == {
         "junk": "invalid_image",
         "big": "image_too_large",
@@ -137,6 +143,13 @@ def test_bad_images_fail_alone_and_the_job_goes_on(tmp_path: Path, env: dict[str
     }
     usage = {cid: x["response"]["body"]["usage"] for cid, x in ok.items()}
     assert usage["data"]["prompt_tokens"] > usage["text"]["prompt_tokens"] + 4  # image tokens are prompt tokens
+    # the same image after the same system prompt: computed once, reported as cached for both questions
+    from omlx_jobs.worker.model import load
+
+    prompt = load(str(vlm_dir)).prompt("/v1/chat/completions", json.loads(lines[-1])["body"])
+    image_end = prompt.media[0].start + prompt.media[0].length
+    cached = [usage[c]["prompt_tokens_details"]["cached_tokens"] for c in ("asked-1", "asked-2")]
+    assert min(cached) >= image_end and usage["asked-2"]["prompt_tokens"] == len(prompt)
 
 
 def test_unreachable_url_and_a_text_model(
