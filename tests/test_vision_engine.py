@@ -113,6 +113,27 @@ def test_batched_image_job_equals_single_request_mlx_vlm(loaded: VisionLoaded, p
         assert stats.warmups >= 2 and stats.prefill_tokens < sum(len(w.prompt) for w in work)
 
 
+def test_image_prefixes_of_a_window_are_computed_in_one_batch(loaded: VisionLoaded, monkeypatch: Any) -> None:
+    """Distinct images (a captioning job): each request's image positions are its own, computed for the whole
+    window in one right-padded batch, not one request at a time."""
+    from omlx_jobs.worker import vision_prefill
+
+    sizes: list[int] = []
+    real = vision_prefill.prefill_rows
+
+    def counting(vm: Any, prompts: list[Any], *args: Any, **kw: Any) -> Any:
+        sizes.append(len(prompts))
+        return real(vm, prompts, *args, **kw)
+
+    monkeypatch.setattr(vision_prefill, "prefill_rows", counting)
+    bodies = [chat("Describe this image.", png(56 + 28 * (k % 3), 84, k)) for k in range(4)]
+    config = EngineConfig(completion_batch_size=4, prefill_batch_size=4, min_shared_tokens=8)
+    results, _ = run(Engine(loaded, config), items(loaded, bodies))
+    assert sizes and max(sizes) == 4
+    assert [results[i].choices[0].token_ids for i in range(4)] == [reference(loaded, b) for b in bodies]
+    assert all(r.cached_tokens == 0 for r in results.values())
+
+
 def test_same_image_is_reused_and_shows_in_cached_tokens(loaded: VisionLoaded) -> None:
     a = png(100, 70, 0)
     bodies = [chat(q, a, system=True) for q in ("What is this?", "Is it a photo?", "What colors do you see?")]

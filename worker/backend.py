@@ -109,6 +109,10 @@ class ModelBackend:
         self.ragged = attention.available() and attention.install(self.model)
         return self.ragged
 
+    def before_admit(self, admissions: Sequence[Any], cache: Any, *, keep: bool) -> None:
+        """Called with a window's admissions before they become rows: a vision backend computes their image
+        positions then, together (worker/vision_engine.py). Text has nothing to do."""
+
     def open(self) -> DecodeBatch:
         """A decode batch for one run; close it when the run ends."""
         return DecodeBatch(self)

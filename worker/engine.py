@@ -221,6 +221,7 @@ class Engine:
             if new:
                 run.on_admit(list(dict.fromkeys(new)))
         self.warmups.ensure(window.warmups)
+        self.backend.before_admit(window.admissions, self.cache, keep=self.prefix_enabled)
         from_logits = [p for a in window.admissions if (p := self._admit(run, a)) is not None]
         self._start_from_logits(run, from_logits)
         self._commit(run)

@@ -232,6 +232,44 @@ class VisionBackend(ModelBackend):
     def __init__(self, vm: VisionModel, model: Any, **kw: Any) -> None:
         super().__init__(model, **kw)
         self.vm = vm
+        self._ready: dict[int, tuple[Match, int]] = {}
+        """Image prefixes computed for a window's admissions, by admission position (and tokens computed)."""
+
+    def before_admit(self, admissions: Sequence[Any], cache: PrefixCache, *, keep: bool) -> None:
+        """Compute the image prefixes of a window's admissions together (media_prefix hands them out): one
+        batched pass instead of one per request. With `keep`, a prefix already cached is held for its row, and
+        requests of the window with the same images after the same text share one computation."""
+        self._ready = {}
+        todo: dict[Any, tuple[list[int], Prompt, Match | None, int]] = {}
+        for a in admissions:
+            prompt, position = a.work.prompt, a.position
+            if not prompt.media:
+                continue
+            end = media_end(prompt)
+            key = prompt.prefix_key(end) if keep else position
+            if key in todo:
+                todo[key][0].append(position)
+                continue
+            match = cache.lookup(prompt.key, limit=end, count=False) if keep else None
+            if match is not None and match.length >= end:
+                cache.hold(match.entry, position)  # until its row has taken it
+                continue
+            todo[key] = ([position], prompt, match, end)
+        if not todo:
+            return
+        items = list(todo.values())
+        starts = [m.length if m is not None else 0 for _, _, m, _ in items]
+        bases = [kv.extendable(m.entry.value, m.entry.tokens, m.length) if m else None for _, _, m, _ in items]
+        suffixes = [p.tokens[s:end] for (_, p, _, end), s in zip(items, starts, strict=True)]
+        done = self.prefill(bases, suffixes, [set() for _ in items], [p for _, p, _, _ in items])
+        for (positions, prompt, _, end), start, (caches, _) in zip(items, starts, done, strict=True):
+            key, size = prompt.prefix_key(end), kv.nbytes(caches)
+            if keep:
+                entry = cache.add(key, caches, size, needed_until=max(positions), pin=True)
+            else:
+                entry = Entry(key, caches, size)
+            for k, position in enumerate(positions):  # the first computed it; the others reuse it
+                self._ready[position] = (Match(entry, end), end - start if k == 0 else 0)
 
     def prefill(
         self,
@@ -240,9 +278,9 @@ class VisionBackend(ModelBackend):
         want: Sequence[set[int]],
         prompts: Sequence[Prompt] | None = None,
     ) -> list[tuple[Caches, dict[int, Any]]]:
-        """As ModelBackend.prefill; a suffix holding image positions runs alone from its embeddings, the rest
-        together by token ids. Every cache comes back carrying its RoPE breaks."""
-        from omlx_jobs.worker.vision_prefill import breaks_of, positioned, prefill
+        """As ModelBackend.prefill; suffixes holding image positions run from their embeddings (those on bases
+        of one length together), the rest together by token ids. Every cache comes back with its RoPE breaks."""
+        from omlx_jobs.worker.vision_prefill import breaks_of, positioned
 
         starts = [b[0].offset if b else 0 for b in bases]
         media = [
@@ -250,19 +288,43 @@ class VisionBackend(ModelBackend):
             for i, (s, suffix) in enumerate(zip(starts, suffixes, strict=True))
             if prompts is not None and has_media(prompts[i], s, s + len(suffix))
         ]
-        out: list[Any] = [None] * len(suffixes)
+        out: dict[int, Any] = {}
         text = [i for i in range(len(suffixes)) if i not in media]
         if text:
             done = super().prefill([bases[i] for i in text], [suffixes[i] for i in text], [want[i] for i in text])
             for i, (caches, logits) in zip(text, done, strict=True):
                 out[i] = (positioned(caches, breaks_of(bases[i])), logits)
-        for i in media:
-            assert prompts is not None
-            base = list(bases[i]) if bases[i] is not None else None
-            end = starts[i] + len(suffixes[i])
-            pf = prefill(self.vm, vision_prompt(prompts[i]), caches=base, start=starts[i], end=end, want=want[i])
-            out[i] = (pf.caches, {j: pf.picked[j] for j in want[i]})
-        return out
+        groups: dict[int, list[int]] = {}
+        for i in media:  # rows on bases of one length run together, right-padded
+            groups.setdefault(starts[i], []).append(i)
+        for start, rows in groups.items():
+            for k in range(0, len(rows), self.prefill_batch_size):
+                chunk = rows[k : k + self.prefill_batch_size]
+                assert prompts is not None
+                done = self._prefill_media(chunk, start, bases, suffixes, want, prompts)
+                out.update(done)
+        return [out[i] for i in range(len(suffixes))]
+
+    def _prefill_media(
+        self,
+        rows: list[int],
+        start: int,
+        bases: Sequence[Caches | None],
+        suffixes: Sequence[list[int]],
+        want: Sequence[set[int]],
+        prompts: Sequence[Prompt],
+    ) -> dict[int, tuple[Caches, dict[int, Any]]]:
+        from omlx_jobs.worker.vision_prefill import prefill, prefill_rows
+
+        ends = [start + len(suffixes[i]) for i in rows]
+        views = [vision_prompt(prompts[i]) for i in rows]
+        caches = [list(bases[i]) if bases[i] is not None else None for i in rows]
+        if len(rows) == 1:
+            i = rows[0]
+            done = [prefill(self.vm, views[0], caches=caches[0], start=start, end=ends[0], want=want[i])]
+        else:
+            done = prefill_rows(self.vm, views, caches, ends, [want[i] for i in rows])
+        return {i: (pf.caches, {j: pf.picked[j] for j in want[i]}) for i, pf in zip(rows, done, strict=True)}
 
     def media_prefix(
         self, cache: PrefixCache, prompt: Prompt, match: Match | None, position: int, *, keep: bool
@@ -274,6 +336,9 @@ class VisionBackend(ModelBackend):
         `keep` (prefix reuse on) it goes into the prefix cache, held until admission passes `position`, and later
         requests with the same image after the same text reuse it; without, only this row takes it.
         """
+        ready = self._ready.pop(position, None)
+        if ready is not None:  # computed with its window (before_admit)
+            return ready
         end = media_end(prompt)
         if match is not None and match.length >= end:
             cache.hold(match.entry, position)  # kept until the row has taken it

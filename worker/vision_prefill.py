@@ -137,6 +137,93 @@ def prefill(
     return Prefilled(positioned(caches, breaks), logits, delta, n - start, picked)
 
 
+def prefill_rows(
+    vm: VisionModel,
+    prompts: list[VisionPrompt],
+    bases: list[list[Any] | None],
+    ends: list[int],
+    wants: list[set[int]],
+    *,
+    step: int = DEFAULT_PREFILL_STEP,
+) -> list[Prefilled]:
+    """prefill() for several prompts in one batch: each runs tokens[start:end] on its base caches, all bases of
+    the same length `start`. Shorter rows are right-padded: attention is causal, so a row never sees its
+    padding, and its caches are cut at its end."""
+    starts = {b[0].offset if b else 0 for b in bases}
+    if len(starts) != 1:
+        raise ValueError(f"batched rows need bases of one length, got {sorted(starts)}")
+    start = starts.pop()
+    lm = vm.model.language_model
+    width = max(ends) - start
+    inputs = [_row_inputs(vm, prompt, start, end, width) for prompt, end in zip(prompts, ends, strict=True)]
+    embeds = [e for e, _, _, _ in inputs]
+    positions = [p for _, p, _, _ in inputs if p is not None]
+    pos_all = mx.concatenate(positions, axis=1) if len(positions) == len(prompts) else None
+    emb = mx.concatenate(embeds, axis=0)
+    batch = _stack_caches(bases, len(lm.model.layers), start)
+    ids = mx.zeros((len(prompts), width), dtype=mx.int32)
+    picked: list[dict[int, mx.array]] = [{} for _ in prompts]
+    wants = [set(w) | {e - 1 - start} for w, e in zip(wants, ends, strict=True)]
+    for a in range(0, width, step):
+        b = min(a + step, width)
+        pos = pos_all[..., a:b] if pos_all is not None else None
+        hidden = lm.model(ids[:, a:b], inputs_embeds=emb[:, a:b], cache=batch, position_ids=pos)
+        picks = [(i, j) for i, w in enumerate(wants) for j in sorted(w) if a <= j < b]
+        if picks:
+            h = mx.stack([hidden[i, j - a] for i, j in picks])
+            out = lm.model.embed_tokens.as_linear(h) if lm.args.tie_word_embeddings else lm.lm_head(h)
+            for k, (i, j) in enumerate(picks):
+                picked[i][j] = out[k : k + 1]
+        mx.eval([c.state for c in batch], [v for d in picked for v in d.values()])
+    out_rows = []
+    for i, (prompt, end) in enumerate(zip(prompts, ends, strict=True)):
+        caches = []
+        for c in batch:
+            k = KVCache()
+            k.keys, k.values, k.offset = c.keys[i : i + 1, :, :end], c.values[i : i + 1, :, :end], end
+            caches.append(k)
+        _, _, full, delta = inputs[i]
+        breaks = rope_breaks(prompt, full, end)
+        last = picked[i][end - 1 - start][0]
+        out_rows.append(Prefilled(positioned(caches, breaks), last, delta, end - start, picked[i]))
+    return out_rows
+
+
+def _row_inputs(
+    vm: VisionModel, prompt: VisionPrompt, start: int, end: int, width: int
+) -> tuple[mx.array, mx.array | None, mx.array | None, int]:
+    """One batched row's embeddings for [start, end), right-padded to `width`; its positions there (padding
+    positions run on from the row's last one); its positions over the whole prompt; its RoPE delta."""
+    images = prompt.extra.get("images", ())
+    feats = [
+        vm.image_features(im) if s.end > start and s.start < end else None
+        for s, im in zip(prompt.spans, images, strict=True)
+    ]
+    pos, delta = rope_positions(vm, prompt, feats)
+    e = input_embeddings(vm, prompt, feats, start, end)
+    e = mx.pad(e, [(0, 0), (0, width - e.shape[1]), (0, 0)])
+    cut = None
+    if pos is not None:
+        cut = pos[..., start:end]
+        if start + width > end:
+            cut = mx.concatenate([cut, cut[..., -1:] + mx.arange(1, start + width - end + 1)], axis=-1)
+    return e, cut, pos, delta
+
+
+def _stack_caches(bases: list[list[Any] | None], layers: int, start: int) -> list[KVCache]:
+    """One KVCache per layer holding every base along the batch axis (empty ones when start is 0)."""
+    out = []
+    for layer in range(layers):
+        c = KVCache()
+        if start:
+            keys = [b[layer].keys[..., :start, :] for b in bases if b is not None]
+            values = [b[layer].values[..., :start, :] for b in bases if b is not None]
+            c.keys, c.values = mx.concatenate(keys, axis=0), mx.concatenate(values, axis=0)
+            c.offset = start
+        out.append(c)
+    return out
+
+
 def rope_breaks(prompt: VisionPrompt, positions: mx.array | None, end: int) -> tuple[tuple[int, int], ...]:
     """(position, delta) after each image that ends before `end`: where text starts running behind its index."""
     if positions is None:
