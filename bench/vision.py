@@ -168,9 +168,11 @@ def run_engine(loaded: Any, job: Job, batch: int, prefix_cache: bool, features: 
     from omlx_jobs.jobs.formats import CHAT_URL, SamplingParams
     from omlx_jobs.worker.engine import Engine, EngineConfig, WorkItem
     from omlx_jobs.worker.vision_cache import FeatureCache
+    from omlx_jobs.worker.vision_engine import ImageMemo
 
     vm = loaded.vision
     vm.features = FeatureCache() if features else FeatureCache(max_bytes=0)
+    loaded.memo = ImageMemo()  # nothing remembered from the last run: each image is decoded here once
     config = EngineConfig(completion_batch_size=batch, prefill_batch_size=8, prefix_cache=prefix_cache, ignore_eos=True)
     engine = Engine(loaded, config)  # a new one each run: nothing cached from the last
     started = time.perf_counter()
