@@ -165,6 +165,20 @@ def test_text_rows_from_a_cached_image_prefix_run_at_text_positions(loaded: Visi
     assert [results[i].choices[0].token_ids for i in range(2)] == [reference(loaded, b) for b in bodies]
 
 
+def test_image_prefixes_from_the_disk_tier(loaded: VisionLoaded, tmp_path: Path) -> None:
+    """A later engine (a restarted worker) finds a saved system prompt + image prefix on disk, RoPE offsets
+    included, and decodes exactly as single-request mlx-vlm."""
+    a = png(120, 112, 2)
+    config = EngineConfig(min_shared_tokens=8, cache_dir=str(tmp_path))
+    run(Engine(loaded, config), items(loaded, [chat(q, a, system=True) for q in ("What is this?", "Is it a photo?")]))
+    later = [chat(q, a, system=True) for q in ("What colors do you see?", "How many objects?")]
+    engine = Engine(loaded, config)
+    assert engine.disk is not None and len(engine.disk) > 0
+    results, stats = run(engine, items(loaded, later))
+    assert stats.disk_hits >= 1
+    assert [results[i].choices[0].token_ids for i in range(2)] == [reference(loaded, b) for b in later]
+
+
 def test_alone_an_image_request_reports_nothing_cached(loaded: VisionLoaded) -> None:
     engine = Engine(loaded, EngineConfig(min_shared_tokens=8))
     results, stats = run(engine, items(loaded, [chat("Describe this image.", png(60, 60, 3))]))

@@ -112,7 +112,7 @@ class Engine:
         )
         self.disk = (
             DiskCache(cfg.cache_dir, loaded.identity, max_bytes=cfg.cache_dir_bytes)
-            if cfg.cache_dir and cfg.prefix_cache and self.backend.reusable and loaded.vision is None
+            if cfg.cache_dir and cfg.prefix_cache and self.backend.reusable
             else None
         )
         self.warmups = WarmUps(

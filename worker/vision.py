@@ -14,7 +14,7 @@ Design (issue 11). Two ways to batch image requests were studied:
 
 Why: image rows then live in the one engine we already plan and measure: continuous batching with text rows,
 the prefix trie and warm-ups (an image's key is its pixel hash), the CUDA ragged decode kernel, logits
-processors, stop handling (worker/vision_engine.py wires it; the disk tier is off for vision models so far).
+processors, stop handling, the disk tier (worker/vision_engine.py wires it).
 mlx-vlm's generator would be a second engine beside it, with its own prefix cache and no way to take our
 planned caches; and we depend only on mlx-vlm's model classes and processors, not on its fast-moving generate
 module (the serial fallback aside).
