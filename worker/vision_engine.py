@@ -65,11 +65,12 @@ class ImageRef:
 
 class ImageMemo:
     """Images loaded lately, by URL (data: URIs and http(s); files are read again each time): a job asks many
-    questions about one image, and it is decoded, fetched or found unreachable once, not once per question."""
+    questions about one image, and it is decoded, fetched or found unreachable once, not once per question.
+    Bounded in bytes and entries; a failure is kept as its code and message only."""
 
-    def __init__(self, max_bytes: int = 256 * 1024**2, ttl: float = 60.0) -> None:
-        self.max_bytes, self.ttl = max_bytes, ttl
-        self._items: OrderedDict[bytes, tuple[float, ImageRef | ImageError]] = OrderedDict()
+    def __init__(self, max_bytes: int = 256 * 1024**2, max_entries: int = 4096, ttl: float = 60.0) -> None:
+        self.max_bytes, self.max_entries, self.ttl = max_bytes, max_entries, ttl
+        self._items: OrderedDict[bytes, tuple[float, ImageRef | tuple[str, str]]] = OrderedDict()
         self._bytes = 0
 
     def load(self, url: str, access: ImageAccess, limits: ImageLimits) -> ImageRef:
@@ -77,31 +78,31 @@ class ImageMemo:
             return ImageRef.load(url, access, limits)
         key, now = hashlib.sha256(url.encode("utf-8", "surrogatepass")).digest(), time.monotonic()
         hit = self._items.get(key)
-        if hit is not None and now - hit[0] < self.ttl:
+        if hit is None or now - hit[0] >= self.ttl:
+            value: ImageRef | tuple[str, str]
+            try:
+                value = ImageRef.load(url, access, limits)
+            except ImageError as exc:
+                value = (str(exc.code), exc.message)
+            self._put(key, now, value)
+        else:
             self._items.move_to_end(key)
-            if isinstance(hit[1], ImageError):
-                raise ImageError(hit[1].code, hit[1].message)
-            return hit[1]
-        try:
-            value: ImageRef | ImageError = ImageRef.load(url, access, limits)
-        except ImageError as exc:
-            value = exc
-        self._put(key, now, value)
-        if isinstance(value, ImageError):
-            raise ImageError(value.code, value.message)
+            value = hit[1]
+        if isinstance(value, tuple):
+            raise ImageError(*value)
         return value
 
-    def _put(self, key: bytes, now: float, value: ImageRef | ImageError) -> None:
+    def _put(self, key: bytes, now: float, value: ImageRef | tuple[str, str]) -> None:
         old = self._items.pop(key, None)
         self._bytes -= _size(old[1]) if old is not None else 0
         self._items[key] = (now, value)
         self._bytes += _size(value)
-        while self._bytes > self.max_bytes and len(self._items) > 1:
+        while len(self._items) > 1 and (self._bytes > self.max_bytes or len(self._items) > self.max_entries):
             _, (_, gone) = self._items.popitem(last=False)
             self._bytes -= _size(gone)
 
 
-def _size(value: ImageRef | ImageError) -> int:
+def _size(value: ImageRef | tuple[str, str]) -> int:
     return len(value.data) if isinstance(value, ImageRef) else 0
 
 
