@@ -109,14 +109,23 @@ class ModelBackend:
         self.ragged = attention.available() and attention.install(self.model)
         return self.ragged
 
+    def before_admit(self, admissions: Sequence[Any], cache: Any, *, keep: bool) -> None:
+        """Called with a window's admissions before they become rows: a vision backend computes their image
+        positions then, together (worker/vision_engine.py). Text has nothing to do."""
+
     def open(self) -> DecodeBatch:
         """A decode batch for one run; close it when the run ends."""
         return DecodeBatch(self)
 
     def prefill(
-        self, bases: Sequence[Caches | None], suffixes: Sequence[list[int]], want: Sequence[set[int]]
+        self,
+        bases: Sequence[Caches | None],
+        suffixes: Sequence[list[int]],
+        want: Sequence[set[int]],
+        prompts: Sequence[Any] | None = None,
     ) -> list[tuple[Caches, dict[int, mx.array]]]:
-        """Extend each base cache (None: empty) by its suffix, all in one batch.
+        """Extend each base cache (None: empty) by its suffix, all in one batch. `prompts` are the Prompts the
+        suffixes are cut from: a vision backend reads their images (worker/vision_engine.py); text ignores them.
 
         Returns, per sequence, its caches and the logits after each suffix position in `want` (0-based). Unequal
         lengths are right-padded as mlx-lm's PromptProcessingBatch does. Only wanted positions are projected onto

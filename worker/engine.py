@@ -100,8 +100,7 @@ class Engine:
         self.config = cfg = config or EngineConfig()
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.eos = [] if cfg.ignore_eos else sorted(self.tokenizer.eos_token_ids)
-        self.backend = ModelBackend(
-            self.model,
+        self.backend: ModelBackend = loaded.backend(
             eos=self.eos,
             batch_size=cfg.completion_batch_size,
             prefill_batch_size=cfg.prefill_batch_size,
@@ -223,6 +222,7 @@ class Engine:
             if new:
                 run.on_admit(list(dict.fromkeys(new)))
         self.warmups.ensure(window.warmups)
+        self.backend.before_admit(window.admissions, self.cache, keep=self.prefix_enabled)
         from_logits = [p for a in window.admissions if (p := self._admit(run, a)) is not None]
         self._start_from_logits(run, from_logits)
         self._commit(run)
@@ -250,9 +250,12 @@ class Engine:
             return _FromLogits(seq, row)
         if match is not None and match.length >= n:  # the last prompt token must run to give logits
             match = self.cache.lookup(prompt.key, limit=n - 1, count=False)
+        own = 0  # images: computed from embeddings into a prefix the row starts from (worker/vision_engine.py)
+        if prompt.media:
+            match, own = self.backend.media_prefix(self.cache, prompt, match, a.position, keep=self.prefix_enabled)
         cached = match.length if match is not None else 0
-        run.collector.start(a.item, work, cached=self.warmups.charges.cached(prompt.key, cached))
-        run.stats.prefill_tokens += n - cached
+        run.collector.start(a.item, work, cached=self.warmups.charges.cached(prompt.key, cached - own))
+        run.stats.prefill_tokens += n - cached + own
         row.prompt, row.prefix, row.context = prompt.tokens[cached:], match, prompt.tokens[:cached]
         self._insert(run, seq, row)
         return None
