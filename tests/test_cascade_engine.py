@@ -9,6 +9,7 @@ a group's prefix; and every pin a row took is released when it leaves.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from typing import Any
 
 import mlx.core as mx
@@ -195,3 +196,33 @@ def test_a_group_holds_its_suffixes_and_one_prefix(tiny_loaded: LoadedModel) -> 
     today_bytes, today_grown = held(DecodeBatch(engine.backend))
     assert today_bytes >= 12 * (prefix + 7 * per_token)  # today every row holds its own copy of the prefix
     assert cascade_grown < today_grown / 2
+
+
+def test_the_cuda_path_with_its_kernels_references(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What runs on CUDA (the ragged kernel for rows without levels, the cascade kernel for own suffixes), with
+    each kernel's mx-ops reference in its place, on a model with 64-wide heads: today's tokens."""
+    from omlx_jobs.worker import attention, cascade_kernel
+    from omlx_jobs.worker.model import load
+    from tests.tiny_model import build_tiny_model
+
+    wide = load(str(build_tiny_model(tmp_path_factory.mktemp("wide") / "m", hidden_size=256)))
+    calls: Counter[str] = Counter()
+
+    def counted(name: str, fn: Any) -> Any:
+        def call(*args: Any) -> Any:
+            calls[name] += 1
+            return fn(*args)
+
+        return call
+
+    prompts = job_prompts(seed=5)
+    today = run_job(wide, prompts, use=False, batch=8, ragged_decode=False)
+    monkeypatch.setattr(attention, "available", lambda: True)
+    monkeypatch.setattr(attention, "ragged_decode", counted("ragged", attention.ragged_reference))
+    monkeypatch.setattr(cascade_kernel, "suffix_decode", counted("cascade", cascade_kernel.suffix_decode_reference))
+    assert run_job(wide, prompts, use=True, batch=8) == today
+    assert calls["cascade"] > 0
+    assert run_job(wide, prompts, use=False, batch=8) == today
+    assert calls["ragged"] > 0
