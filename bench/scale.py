@@ -3,7 +3,7 @@
     .venv/bin/python bench/scale.py                       # both parts, defaults below
     .venv/bin/python bench/scale.py workers --requests 2000 --counts 1,2,3
     .venv/bin/python bench/scale.py store --results 2000 --writers 1,4 --pg-url postgresql+psycopg://...
-    .venv/bin/python bench/scale.py rss --requests 20000,200000      # phase 2: see rss() below
+    .venv/bin/python bench/scale.py rss --sizes 20000,200000        # one worker's peak RSS per job size
 
 workers: the tiny test model, `omlx-jobs worker` processes on one Redis and one store, one job of N greedy
 requests (8 tokens each, prefix groups under 8 system prompts, shards of N/20): wall time from submit to
@@ -222,20 +222,93 @@ def _pg_schema(url: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
 
 
-# ---- peak RSS (phase 2) -----------------------------------------------------------------------------
+# ---- peak RSS of one worker ------------------------------------------------------------------------
+
+
+def _vm(pid: int, field: str) -> int:
+    """A /proc/<pid>/status field in kB (0 once the process is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def rss_run(model: Path, n: int, env: dict[str, str], work: Path) -> dict[str, Any]:
+    """Submit one job of n requests (max_tokens 1, default shards), then run one `omlx-jobs worker --burst` on
+    it alone: its peak RSS is the kernel's, from wait4 on that process (ru_maxrss), and VmHWM read while it runs."""
+    from omlx_jobs.store import open_store
+
+    src = write_job(work / f"in-{n}.jsonl", n, max_tokens=1)
+    cli = [sys.executable, "-m", "omlx_jobs.cli"]
+    tic = time.perf_counter()
+    job = subprocess.run(
+        [*cli, "submit", str(src), "--model", str(model)], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    submit_s = time.perf_counter() - tic
+    load = _load()
+    tic = time.perf_counter()
+    log = (work / f"worker-{n}.log").open("wb")
+    worker = subprocess.Popen(
+        [*cli, "worker", "--model", str(model), "--burst"], env=env, stdout=subprocess.DEVNULL, stderr=log
+    )
+    hwm, samples = 0, []
+    while True:  # reaped by wait4 (not Popen.poll), which hands back this child's own rusage
+        pid, status, usage = os.wait4(worker.pid, os.WNOHANG)
+        if pid == worker.pid:
+            worker.returncode = os.waitstatus_to_exitcode(status)
+            break
+        hwm = max(hwm, _vm(worker.pid, "VmHWM"))
+        samples.append((round(time.perf_counter() - tic, 1), _vm(worker.pid, "VmRSS")))
+        time.sleep(1.0)
+    wall = time.perf_counter() - tic
+    store = open_store()
+    counts, shards = store.counts(job), len(store.shards(job))
+    store.close()
+    return {
+        "requests": n,
+        "shards": shards,
+        "completed": counts.completed,
+        "submit_s": round(submit_s, 1),
+        "worker_wall_s": round(wall, 1),
+        "requests_per_s": round(n / wall, 1),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
+        "vmhwm_mb": round(hwm / 1024, 1),
+        "rss_mb_over_time": [(t, round(kb / 1024, 1)) for t, kb in samples[:: max(1, len(samples) // 12)]],
+        "exit": worker.returncode,
+        "load_before": load,
+        "load_after": _load(),
+    }
 
 
 def rss(opts: argparse.Namespace) -> list[dict[str, Any]]:
-    """Phase 2 of issue 10: a worker's peak RSS on jobs of 20k and 200k requests (max_tokens 1); the goal is
-    the larger within 10% of the smaller. It needs paged shard reads and tokenize-at-admission in the engine
-    (issue 9's rewrite), so it is not measured yet: this is where it goes, with the command above."""
-    raise SystemExit("bench/scale.py rss: not measured yet; it needs phase 2's paged shards (see its docstring)")
+    """A worker's peak RSS on jobs of each size in --requests (max_tokens 1); the goal (issue 10): the largest
+    within 10% of the smallest. The tiny test model, SQLite, one worker, nothing else on its Redis queue."""
+    from tests.tiny_model import build_tiny_model
+
+    rows = []
+    for r in range(opts.rounds):
+        for n in opts.sizes:
+            work = Path(tempfile.mkdtemp(prefix="omlx-rss-"))
+            model = build_tiny_model(work / "tiny-model")
+            env = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_JOBS_")}
+            env.update({"OMLX_JOBS_REDIS_URL": opts.redis_url, "OMLX_JOBS_HOME": str(work)})
+            env["OMLX_JOBS_DB"] = str(work / "jobs.db")
+            os.environ.update({k: v for k, v in env.items() if k.startswith("OMLX_JOBS_")})
+            row = rss_run(model, n, env, work)
+            row["round"] = r + 1
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("part", nargs="?", default="all", choices=["all", "workers", "store", "rss"])
     ap.add_argument("--requests", type=int, default=2000, help="requests in the workers' job (default 2000)")
+    ap.add_argument("--sizes", default="20000,200000", help="rss: job sizes (default 20000,200000)")
     ap.add_argument("--counts", default="1,2,3", help="worker counts (default 1,2,3)")
     ap.add_argument("--results", type=int, default=2000, help="results committed per store run (default 2000)")
     ap.add_argument("--writers", default="1,4", help="writer processes (default 1,4)")
@@ -251,6 +324,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write every row here")
     opts = ap.parse_args()
     opts.counts = [int(x) for x in opts.counts.split(",")]
+    opts.sizes = [int(x) for x in opts.sizes.split(",")]
     opts.writers = [int(x) for x in opts.writers.split(",")]
     opts.per_commit = [int(x) for x in opts.per_commit.split(",")]
     if opts.no_pg:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -33,6 +32,7 @@ from omlx_jobs.store import statements as st
 from omlx_jobs.store.errors import JobNotFound, StoreError, StoreMissing, is_data_error, retrying, safe_url
 from omlx_jobs.store.jobs import JobCounts, JobInfo, JobStore
 from omlx_jobs.store.models import FINAL_REQUEST_STATUSES, Request, RequestStatus, ShardRun
+from omlx_jobs.store.pending import PendingRequest, PendingStore
 from omlx_jobs.store.rows import CompletionRow
 from omlx_jobs.store.shards import ShardStore, in_shard
 
@@ -68,24 +68,13 @@ def open_store(url: str | None = None, db_path: str | os.PathLike[str] | None = 
     return Store(url or default_database_url(db_path), create=create)
 
 
-@dataclass(frozen=True)
-class PendingRequest:
-    id: int
-    idx: int
-    line: int
-    custom_id: str
-    endpoint: str
-    body: dict[str, Any]
-    attempts: int
-    sort_key: bytes = b""
-
-
 UNSTORABLE = ErrorCode.UNSTORABLE_RESULT
 """The error code of a result the database refused (its data, not the database, was the problem)."""
 
 
-class Store(JobStore, ShardStore):
-    """All reads and writes: jobs (JobStore), requests (here), shards and shard runs (ShardStore)."""
+class Store(JobStore, ShardStore, PendingStore):
+    """All reads and writes: jobs (JobStore), requests (here; pending ones as workers read them: PendingStore),
+    shards and shard runs (ShardStore)."""
 
     def __init__(self, url: str, *, create: bool = True) -> None:
         self.url = url
@@ -298,29 +287,6 @@ class Store(JobStore, ShardStore):
     # ---- requests: reading ---------------------------------------------------------------------
 
     @retrying
-    def pending_requests(self, job_id: str, start: int = 0, end: int | None = None) -> list[PendingRequest]:
-        """Requests of the shard starting at position `start` without a final result, in prefix order; with
-        end=None, every pending request of the job (`omlx-jobs run`). A shard the job lacks has none."""
-        cond = [Request.job_id == job_id, Request.status == RequestStatus.PENDING]
-        if end is not None:
-            bounds = self.shard_bounds(job_id, start)
-            if bounds is None:
-                return []
-            cond.append(in_shard(bounds))
-        cols = (
-            Request.id,
-            Request.idx,
-            Request.line,
-            Request.custom_id,
-            Request.endpoint,
-            Request.body,
-            Request.attempts,
-            Request.sort_key,
-        )
-        with self.engine.connect() as conn:
-            rows = conn.execute(select(*cols).where(and_(*cond)).order_by(Request.sort_key, Request.idx))
-            return [PendingRequest(*r[:-1], sort_key=r[-1] or b"") for r in rows]
-
     def iter_requests(
         self, job_id: str, batch_size: int = 1000, *, columns: Sequence[str] | None = None
     ) -> Iterator[Any]:

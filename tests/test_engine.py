@@ -83,9 +83,10 @@ def test_prefix_reuse_computes_each_shared_token_once(tiny_loaded: LoadedModel) 
     stats = engine.run(items, lambda rs: results.update({r.key: r for r in rs}))
     assert stats.prefill_tokens == stats.trie_min_tokens  # every distinct prompt token computed once
     assert stats.prompt_tokens == sum(len(p) for p in prompts)
-    # Per request, cached tokens are the prompt tokens not computed for it.
+    # Per request, cached tokens are the prompt tokens not computed for it; a warm-up's tokens are charged to
+    # the first request that reuses them (worker/charges.py), so the requests' computed tokens add up to the job's.
     uncached = sum(r.prompt_tokens - r.cached_tokens for r in results.values())
-    assert uncached + stats.warmup_tokens == stats.prefill_tokens
+    assert uncached == stats.prefill_tokens and stats.warmup_tokens > 0
     for i, p in enumerate(prompts):
         assert results[i].choices[0].token_ids == reference(tiny_loaded, p, 4)
 

@@ -68,3 +68,15 @@ def test_replacing_an_entry_keeps_bytes_right() -> None:
     c.add(k(A), "v1", 10)
     c.add(k(A), "v2", 30)
     assert len(c) == 1 and c.stats.bytes == 30 and c.get(k(A)).value == "v2"
+
+
+def test_a_run_keeps_only_the_top_of_each_tree() -> None:
+    # The nodes under a shared prefix belong to their run's groups; keeping them made a worker's memory grow
+    # with every shard it ran (issue 10). The tops (system prompts) stay for the next shard and job.
+    c = PrefixCache(max_bytes=None, trimmable=True, bucket_tokens=4)
+    B = [7] * 20
+    c.start_run()
+    for key in (A, A + [1, 2], A + [1, 2, 3], A + [5], B, B + [9]):
+        c.add(k(key), "v", 10, needed_until=3)
+    c.end_run()
+    assert sorted(e.key for e in c.entries()) == sorted([k(A), k(B)]) and c.stats.bytes == 20

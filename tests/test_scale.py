@@ -235,3 +235,31 @@ def test_status_says_when_no_live_worker_serves_the_model(tmp_path: Path, conn: 
     assert json.loads(invoke(env, "status", job, "--json")[1])["live_workers"] == 1
     code, out, _ = invoke(env, "workers")
     assert code == 0 and "some-model" in out and "idle" in out
+
+
+def test_a_shard_larger_than_a_page_is_read_and_planned_page_by_page(
+    tmp_path: Path, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'jobs.db'}")
+    src = chat_lines(tmp_path / "in.jsonl", 40)
+    whole = load_job(store, src, "m", shard_size=1000).job_id
+    paged = load_job(store, src, "m", shard_size=1000).job_id
+    run_all_shards(store, engine, whole)
+    monkeypatch.setattr(shard, "PAGE_ROWS", 8)
+    reads: list[int] = []
+    pages = store.pending_pages
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        for page in pages(*args, **kw):
+            reads.append(len(page))
+            yield page
+
+    monkeypatch.setattr(store, "pending_pages", spy)
+    run_all_shards(store, engine, paged)
+    assert reads == [8, 8, 8, 8, 8]
+    assert {r.status for r in store.iter_requests(paged)} == {"completed"}
+    # One group over five pages: each page's plan counts the shared prefix again, never below the truth.
+    truth = store.get_job(whole).trie_min_tokens
+    (one,) = store.shards(paged)
+    assert truth < store.get_job(paged).trie_min_tokens == one.trie_min_tokens
+    assert [r.output_text for r in store.iter_requests(paged)] == [r.output_text for r in store.iter_requests(whole)]

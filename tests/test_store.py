@@ -349,3 +349,34 @@ def test_shards_recording_their_plans_at_once_count_each_overlap_once(store_url:
     assert store.get_job(job).trie_min_tokens == 10 * n - 3 * (n - 1)
     assert not record(0)  # recorded once: a re-run adds nothing
     assert store.get_job(job).trie_min_tokens == 10 * n - 3 * (n - 1)
+
+
+def test_pending_pages_are_keyset_pages_in_prefix_order(store_url: str) -> None:
+    store = Store(store_url)
+    job = "batch_pages"
+    store.create_job(job, "model-x", queue="omlx:model-x", input_file="in.jsonl")
+    keys = [bytes([i % 3, 7]) if i % 4 else b"" for i in range(23)]  # repeated keys: idx breaks the ties
+    store.add_requests(
+        [
+            {
+                "job_id": job,
+                "idx": i,
+                "line": i + 1,
+                "custom_id": f"c{i}",
+                "endpoint": "/v1/completions",
+                "body": {"prompt": f"p{i}"},
+                "sort_key": k,
+            }
+            for i, k in enumerate(keys)
+        ]
+    )
+    whole = store.pending_requests(job)
+    assert [p.idx for p in whole] == sorted(range(23), key=lambda i: (keys[i], i))
+    store.record_failure(whole[5].id, "x", "done already")
+    pages = list(store.pending_pages(job, page_rows=4))
+    assert [len(p) for p in pages] == [4, 4, 4, 4, 4, 2]
+    assert [p.idx for page in pages for p in page] == [p.idx for p in whole if p.id != whole[5].id]
+    store.mark_started([whole[0].id, whole[1].id])
+    store.mark_started([whole[0].id])
+    store.refund_attempts([whole[0].id, whole[1].id, whole[2].id])  # never below zero
+    assert [p.attempts for p in store.pending_requests(job)[:3]] == [1, 0, 0]

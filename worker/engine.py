@@ -22,6 +22,7 @@ from typing import Any
 from omlx_jobs import defaults
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.formats import SamplingParams
+from omlx_jobs.worker import faults
 from omlx_jobs.worker.backend import Batch, ModelBackend, RowOutput, RowSpec
 from omlx_jobs.worker.disk_cache import DiskCache
 from omlx_jobs.worker.model import LoadedModel, PromptError
@@ -31,7 +32,7 @@ from omlx_jobs.worker.sampling import SamplerFactory
 from omlx_jobs.worker.scheduler import Admission, Scheduler
 from omlx_jobs.worker.sequence import Collector, SequenceState, WorkItem
 from omlx_jobs.worker.stopping import StopStrings, final_text
-from omlx_jobs.worker.warmup import WarmUps, WarmupStats
+from omlx_jobs.worker.warmup import WarmUps
 
 __all__ = ["Choice", "Control", "Engine", "EngineConfig", "ItemResult", "RunStats", "WorkItem"]
 
@@ -190,7 +191,7 @@ class Engine:
             on_page=on_page,
         )
         scheduler.read_ahead()  # plan before the first admission, as the totals are reported then
-        self.warmups.stats = WarmupStats()
+        self.warmups.start_run()
         self.cache.start_run()
         batch = self.backend.open(self.cache if self.prefix_enabled else None)
         run = _Run(scheduler, batch, on_results, control, on_admit, stats)
@@ -245,16 +246,18 @@ class Engine:
             sampler=self.samplers.sampler(work.params, a.choice),
             processors=self.samplers.logits_processors(work.params),
         )
+        if faults.on_row is not None:  # a test hook (worker/faults.py)
+            faults.on_row(work, row)
         match = self.cache.lookup(prompt.key, limit=n) if self.prefix_enabled else None
         if match is not None and match.length == n and match.entry.tokens == n and match.entry.logits is not None:
-            run.collector.start(a.item, work, cached=n)
+            run.collector.start(a.item, work, cached=self.warmups.charges.cached(prompt.key, n))
             run.stats.first_token_reuses += 1
             row.prefix, row.context, row.logits = match, prompt.tokens, match.entry.logits
             return _FromLogits(seq, row)
         if match is not None and match.length >= n:  # the last prompt token must run to give logits
             match = self.cache.lookup(prompt.key, limit=n - 1, count=False)
         cached = match.length if match is not None else 0
-        run.collector.start(a.item, work, cached=cached)
+        run.collector.start(a.item, work, cached=self.warmups.charges.cached(prompt.key, cached))
         run.stats.prefill_tokens += n - cached
         row.prompt, row.prefix, row.context = prompt.tokens[cached:], match, prompt.tokens[:cached]
         self._insert(run, seq, row)

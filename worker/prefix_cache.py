@@ -168,9 +168,28 @@ class PrefixCache:
             self.evict_to_fit()
 
     def end_run(self) -> None:
-        """The run ended, or failed: release every hold, then fit the budget."""
+        """The run ended, or failed: release every hold, drop the entries under another one, then fit the budget.
+
+        What a later run (the next shard of a prefix group, a later job) reuses is the top of each tree: the
+        system prompt, the instruction. The nodes under it were its groups' own, so keeping them would make a
+        worker's memory grow with every shard it runs until the byte budget (bench/RESULTS.md, issue 10)."""
         self.lifetimes.release_all()
+        self.drop_descendants()
         self.evict_to_fit()
+
+    def drop_descendants(self) -> list[Entry]:
+        """Remove every unpinned entry whose key extends another entry's. In key order an entry's descendants
+        follow it, before any key that does not extend it, so one pass finds them."""
+        dropped: list[Entry] = []
+        top: bytes | None = None
+        for key in sorted(self._entries):
+            if top is not None and key.startswith(top) and self._entries[key].pins == 0:
+                dropped.append(self._entries[key])
+            elif top is None or not key.startswith(top):
+                top = key
+        for entry in dropped:
+            self._remove(entry)
+        return dropped
 
     def eviction_order(self) -> list[Entry]:
         """Unpinned entries, finished subtrees first, then least recently used."""

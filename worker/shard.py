@@ -20,8 +20,9 @@ from omlx_jobs.jobs import lifecycle
 from omlx_jobs.jobs.formats import SamplingParams
 from omlx_jobs.jobs.sharding import UNIT
 from omlx_jobs.store import Store, StoreError
-from omlx_jobs.store.db import PendingRequest
+from omlx_jobs.store.pending import PAGE_ROWS, PendingRequest
 from omlx_jobs.store.shards import ShardInfo
+from omlx_jobs.worker.containment import run_contained
 from omlx_jobs.worker.engine import Control, Engine
 from omlx_jobs.worker.model import PromptError
 from omlx_jobs.worker.prompts import token_key
@@ -221,10 +222,11 @@ def _run(
     admitted: list[bool],
 ) -> None:
     start, end, shard_row, run_id = where
-    pending = store.pending_requests(job_id, start, end)
-    fresh = all(r.attempts == 0 for r in pending)
-    placed = list(work_items(store, engine, pending, outcome, run_id))
-    items = [item for item, _ in placed]
+    # Rows are read a page at a time and tokenized as the scheduler plans them: memory follows the page.
+    source = ShardInput()
+    rows = source.rows(store.pending_pages(job_id, start, end, page_rows=PAGE_ROWS))
+    source.placed = work_items(store, engine, rows, outcome, run_id)
+    planned = [0, False]  # the trie minimum of the pages planned so far; recorded yet
 
     def on_results(results: list[ItemResult]) -> None:
         completed, failed = store_results(store, results, run_id)
@@ -235,19 +237,35 @@ def _run(
         if meter:
             meter(len(results), sum(r.completion_tokens for r in results))
 
+    def record_plan() -> None:
+        if shard_row is not None and not planned[1]:  # once per shard, less what it shares (record_shard_plan)
+            planned[1] = True
+            store.record_shard_plan(job_id, start, planned[0], source.lead, source.tail)
+
     def on_plan(totals: PlanTotals) -> None:
-        if shard_row is not None:  # once per shard, less what it shares with its neighbours (record_shard_plan)
-            lead, tail = boundary_prefixes(placed)
-            store.record_shard_plan(job_id, start, totals.trie_min_tokens, lead, tail)
-        elif fresh:  # a whole job in one run (`omlx-jobs run`): its minimum is the job's
+        planned[0] += totals.trie_min_tokens
+        if shard_row is None and source.fresh:  # a whole job in one run (`omlx-jobs run`): its minimum is the job's
             store.add_job_stats(job_id, trie_min_tokens=totals.trie_min_tokens)
+        elif source.exhausted:
+            record_plan()
 
     def on_admit(keys: list[Any]) -> None:
         admitted[0] = True
         store.mark_started(keys)
 
     watch = _JobWatch(store, job_id, control)
-    stats = engine.run(items, on_results, watch, on_admit=on_admit, on_plan=on_plan)
+    stats = run_contained(
+        engine,
+        source,
+        on_results,
+        watch,
+        on_admit=on_admit,
+        on_plan=on_plan,
+        refund=store.refund_attempts,
+        page_size=PAGE_ROWS,
+    )
+    if stats.input_exhausted:  # the last page was full: no plan call saw the input end
+        record_plan()
     _settle(store, engine, outcome, stats, cancelled=watch.cancelled)
 
 
@@ -270,18 +288,50 @@ def _settle(store: Store, engine: Engine, outcome: ShardOutcome, stats: RunStats
             outcome.stopped = True
 
 
-def boundary_prefixes(placed: list[tuple[WorkItem, bytes]]) -> tuple[bytes, bytes]:
-    """The common token prefix of the shard's requests in its first prefix group, and in its last one, as
-    token keys: what it can share with the shard before it and the one after (Store.record_shard_plan).
+class ShardInput:
+    """A shard's work items as the engine reads them, noting on the way what its plan needs: the common token
+    prefix of its first prefix group and of its last one, as token keys (what it can share with the shard before
+    it and the one after: Store.record_shard_plan), whether every row is fresh, and whether all were read.
 
-    `placed` is in prefix order. A group's requests share their key's first chunk (jobs/sharding.py).
+    Items come in prefix order; a group's requests share their sort key's first chunk (jobs/sharding.py).
     """
-    if not placed:
-        return b"", b""
-    first, last = placed[0][1][:UNIT], placed[-1][1][:UNIT]
-    lead = [item.tokens for item, key in placed if key[:UNIT] == first]
-    tail = [item.tokens for item, key in placed if key[:UNIT] == last]
-    return token_key(common_tokens(lead)), token_key(common_tokens(tail))
+
+    def __init__(self) -> None:
+        self.placed: Iterable[tuple[WorkItem, bytes]] = ()
+        """The work items and their sort keys (work_items over `rows`)."""
+        self.exhausted = False
+        self.fresh = True
+        """No row read so far was started before (attempts 0)."""
+        self._first: tuple[bytes, list[int]] | None = None  # (group chunk, common tokens) of the first group
+        self._last: tuple[bytes, list[int]] | None = None
+
+    def rows(self, pages: Iterable[list[PendingRequest]]) -> Iterator[PendingRequest]:
+        """The rows of the store's pages, one after another."""
+        for page in pages:
+            self.fresh = self.fresh and all(r.attempts == 0 for r in page)
+            yield from page
+
+    def __iter__(self) -> Iterator[WorkItem]:
+        for item, key in self.placed:
+            chunk = key[:UNIT]
+            if self._first is None:
+                self._first = (chunk, list(item.tokens))
+            elif self._first[0] == chunk:
+                self._first = (chunk, common_tokens([self._first[1], item.tokens]))
+            if self._last is None or self._last[0] != chunk:
+                self._last = (chunk, list(item.tokens))
+            else:
+                self._last = (chunk, common_tokens([self._last[1], item.tokens]))
+            yield item
+        self.exhausted = True
+
+    @property
+    def lead(self) -> bytes:
+        return token_key(self._first[1]) if self._first is not None else b""
+
+    @property
+    def tail(self) -> bytes:
+        return token_key(self._last[1]) if self._last is not None else b""
 
 
 def common_tokens(prompts: list[list[int]]) -> list[int]:

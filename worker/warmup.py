@@ -13,6 +13,7 @@ from typing import Any
 
 from omlx_jobs.worker import kv, planner
 from omlx_jobs.worker.backend import ModelBackend
+from omlx_jobs.worker.charges import Charges
 from omlx_jobs.worker.disk_cache import DiskCache
 from omlx_jobs.worker.prefix_cache import Entry, Match, PrefixCache
 from omlx_jobs.worker.scheduler import Warmup
@@ -34,6 +35,11 @@ class WarmUps:
         self.backend, self.cache, self.disk = backend, cache, disk
         self.trimmable, self.batch_size, self.min_tokens = backend.trimmable, batch_size, min_tokens
         self.stats = WarmupStats()
+        self.charges = Charges()
+
+    def start_run(self) -> None:
+        """A new run: fresh stats, and no computed tokens left to charge."""
+        self.stats, self.charges = WarmupStats(), Charges()
 
     def ensure(self, warmups: list[Warmup]) -> None:
         """Make sure each warm-up's prefix is cached, computing only what no entry (memory or disk) holds.
@@ -117,6 +123,7 @@ class WarmUps:
                 self._derive(by_node[d], source, logits.get(d.depth - 1 - s))
             self.stats.warmups += 1 + len(task.derived)
             self.stats.tokens += len(suffix)
+            self.charges.computed(w.key, s, task.node.depth)
             if self.disk is not None:
                 self.disk.save(w.key, caches)
         self.stats.seconds += time.perf_counter() - tic
