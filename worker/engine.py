@@ -61,6 +61,9 @@ class EngineConfig:
     ragged_decode: bool = field(default_factory=defaults.ragged_decode)
     """On CUDA, decode attention without mlx-lm's padding mask (worker/attention.py); no effect elsewhere.
     Defaults to on unless OMLX_JOBS_RAGGED_DECODE=0."""
+    cascade: bool = field(default_factory=defaults.cascade)
+    """Rows reference their cached prefix instead of copying it, where the model allows (worker/cascade_batch.py).
+    Defaults to on unless OMLX_JOBS_CASCADE=0."""
 
     def __post_init__(self) -> None:
         if self.completion_batch_size < 1 or self.prefill_batch_size < 1 or self.prefill_step_size < 1:
@@ -108,6 +111,8 @@ class Engine:
         )
         if cfg.ragged_decode:
             self.backend.use_ragged_decode()
+        if cfg.cascade:
+            self.backend.use_cascade()
         self.cache = PrefixCache(
             max_bytes=cfg.cache_memory, trimmable=self.backend.trimmable, bucket_tokens=cfg.min_shared_tokens
         )
@@ -187,7 +192,8 @@ class Engine:
         scheduler.read_ahead()  # plan before the first admission, as the totals are reported then
         self.warmups.start_run()
         self.cache.start_run()
-        run = _Run(scheduler, self.backend.open(), on_results, control, on_admit, stats)
+        batch = self.backend.open(self.cache if self.prefix_enabled else None)
+        run = _Run(scheduler, batch, on_results, control, on_admit, stats)
         try:
             self._loop(run)
         except BaseException:
