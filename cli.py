@@ -195,7 +195,7 @@ def engine_options(fn: Any) -> Any:
     return fn
 
 
-def _engine(kw: dict[str, Any]) -> Any:
+def _engine(kw: dict[str, Any], images: Any = None) -> Any:
     from omlx_jobs.worker import model as model_mod
     from omlx_jobs.worker.engine import Engine, EngineConfig
 
@@ -210,7 +210,11 @@ def _engine(kw: dict[str, Any]) -> Any:
         cache_dir_bytes=kw["cache_dir_size"] or defaults.CACHE_DIR_BYTES,
     )
     click.echo(f"loading {kw['model']} ...", err=True)
-    loaded = model_mod.load(kw["model"], context_length=kw["context_length"])
+    loaded = model_mod.load(kw["model"], context_length=kw["context_length"], images=images)
+    if loaded.vision is not None and not loaded.vision.batched:
+        from omlx_jobs.worker.vision_serial import SerialEngine
+
+        return SerialEngine(loaded, config)
     return Engine(loaded, config)
 
 
@@ -775,7 +779,7 @@ def worker(
     from omlx_jobs.worker.rq_worker import serve
 
     try:
-        engine = _engine(kw)
+        engine = _engine(kw, images)
     except (ModelLoadError, ValueError) as exc:
         _fail(str(exc))
         return
@@ -834,7 +838,7 @@ def run(
     try:
         store = _store(db)
         try:  # the model first: a bad --model leaves no job behind
-            engine = _engine(kw)
+            engine = _engine(kw, images)
         except (ModelLoadError, ValueError) as exc:
             _fail(str(exc))
             return

@@ -24,9 +24,18 @@ RAGGED_DECODE_ENV = "OMLX_JOBS_RAGGED_DECODE"
 """Set to 0 to decode with mlx-lm's masked attention on CUDA instead of worker/attention.py's kernel."""
 
 
+CASCADE_ENV = "OMLX_JOBS_CASCADE"
+"""Set to 0 to copy each row's cached prefix into it (today's path) instead of referencing it (cascade attention)."""
+
+
 def ragged_decode() -> bool:
     """The default of EngineConfig.ragged_decode: on unless OMLX_JOBS_RAGGED_DECODE=0 (read when a config is made)."""
     return os.environ.get(RAGGED_DECODE_ENV, "1") != "0"
+
+
+def cascade() -> bool:
+    """The default of EngineConfig.cascade: on unless OMLX_JOBS_CASCADE=0 (read when a config is made)."""
+    return os.environ.get(CASCADE_ENV, "1") != "0"
 
 
 # ---- worker process (`worker` options) --------------------------------------------------------------------

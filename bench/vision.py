@@ -3,21 +3,22 @@
 Side by side in one process, on the same loaded model (each variant gets an unmeasured warm-up pass, then the
 variants run interleaved, --runs times; medians are reported):
 
-  ours, cache on      image features from the feature cache (8 encoder calls), every prompt prefilled from
-                      its embeddings (worker/vision_prefill.py), decoded in mlx-lm's BatchGenerator
-  ours, cache off     the same with the feature cache off (64 encoder calls)
-  ours, prefix reuse  cache on, and each image's shared prefix (system prompt + image) prefilled once and
-                      viewed by its 8 questions: what the engine's planner will do with image key units
-  mlx-vlm batch       mlx-vlm's BatchGenerator (what mlx_vlm.batch_generate runs), same prompts and pixels
-  mlx-vlm loop        mlx_vlm.generate, one request at a time (also the reference for the token check)
+  engine                      the real engine (worker/engine.py, as `omlx-jobs run` drives it): prompts built
+                              from data: URIs, the planner warms up each image's shared prefix (system prompt +
+                              image) once, questions batched; prefix cache and feature cache on
+  engine, no prefix cache     the same with the prefix cache off: every prompt's image positions computed for it
+                              (from embeddings), features from the feature cache (8 encoder calls)
+  engine, no prefix/features  prefix cache and feature cache off (64 encoder calls)
+  mlx-vlm batch               mlx-vlm's BatchGenerator (what mlx_vlm.batch_generate runs), same prompts and pixels
+  mlx-vlm loop                mlx_vlm.generate, one request at a time (also the reference for the token check)
 
-Printed: wall time per variant, ratios to "ours, cache on", vision-encoder calls, and how many of the 64
-greedy outputs equal the mlx-vlm loop's token for token. Not yet here (phase 2): the engine-integrated run
-(`omlx-jobs run` on an image job), with the planner, warm-ups and batched embeddings prefill.
+Printed: wall time per variant, ratios to "engine", vision-encoder calls, prompt tokens computed, and how many of
+the 64 greedy outputs equal the mlx-vlm loop's token for token.
 
     .venv/bin/python bench/vision.py --quick                              # tiny fixture, CPU, seconds
     .venv/bin/python bench/vision.py                                      # tiny fixture, the 64 x 8 job
     python3 bench/vision.py --model random:qwen2-vl-7b --dtype bfloat16   # a GPU: Qwen2-VL-7B's shape
+    .venv/bin/python bench/vision.py --model random:qwen2-vl-mini --quick # that code path, small, on a CPU
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class Job:
     messages: list[list[dict[str, Any]]]
     images: list[Any]  # DecodedImage per request (8 distinct, each used by 8 requests)
     max_tokens: int
+    pngs: list[bytes] = field(default_factory=list)  # the encoded image per request (data: URIs for the engine)
 
 
 @dataclass
@@ -127,7 +129,7 @@ def make_job(side: int, max_tokens: int, n_images: int = 8, per_image: int = 8) 
 
     from omlx_jobs.worker import images
 
-    pics = []
+    pics, pngs = [], []
     for k in range(n_images):
         img = Image.new("RGB", (side, side))
         img.putdata(
@@ -140,7 +142,8 @@ def make_job(side: int, max_tokens: int, n_images: int = 8, per_image: int = 8) 
         buf = io.BytesIO()
         img.save(buf, "PNG")
         pics.append(images.decode(buf.getvalue()))
-    messages, imgs = [], []
+        pngs.append(buf.getvalue())
+    messages, imgs, encoded = [], [], []
     for k in range(n_images):
         for q in QUESTIONS[:per_image]:
             part = {"type": "image_url", "image_url": {"url": f"image-{k}", "detail": "auto"}}
@@ -151,60 +154,51 @@ def make_job(side: int, max_tokens: int, n_images: int = 8, per_image: int = 8) 
                 ]
             )
             imgs.append(pics[k])
-    return Job(messages, imgs, max_tokens)
+            encoded.append(pngs[k])
+    return Job(messages, imgs, max_tokens, encoded)
 
 
 # ---- our path --------------------------------------------------------------------------------------
 
 
-def run_ours(vm: Any, job: Job, batch: int, cache_on: bool, prefix_reuse: bool) -> Outcome:
-    import mlx.core as mx
-    from mlx_lm.generate import BatchGenerator
+def run_engine(loaded: Any, job: Job, batch: int, prefix_cache: bool, features: bool) -> Outcome:
+    """The job through the real engine, from request bodies (data: URIs) to results, as a shard runs it."""
+    import base64
 
-    from omlx_jobs.worker import kv
+    from omlx_jobs.jobs.formats import CHAT_URL, SamplingParams
+    from omlx_jobs.worker.engine import Engine, EngineConfig, WorkItem
     from omlx_jobs.worker.vision_cache import FeatureCache
-    from omlx_jobs.worker.vision_prefill import prefill
+    from omlx_jobs.worker.vision_engine import ImageMemo
 
-    vm.features = FeatureCache() if cache_on else FeatureCache(max_bytes=0)
+    vm = loaded.vision
+    vm.features = FeatureCache() if features else FeatureCache(max_bytes=0)
+    loaded.memo = ImageMemo()  # nothing remembered from the last run: each image is decoded here once
+    config = EngineConfig(completion_batch_size=batch, prefill_batch_size=8, prefix_cache=prefix_cache, ignore_eos=True)
+    engine = Engine(loaded, config)  # a new one each run: nothing cached from the last
     started = time.perf_counter()
-    prompts = [vm.build_prompt(m, [im]) for m, im in zip(job.messages, job.images, strict=True)]
-    prefixes: dict[tuple[int, ...], Any] = {}
-    computed = 0
-    gen = BatchGenerator(vm.decode_model(), stop_tokens=[], completion_batch_size=batch, prefill_batch_size=batch)
-    out: dict[int, list[int]] = {}
-    order: list[int] = []
-    for prompt in prompts:
-        caches, start = None, 0
-        if prefix_reuse:
-            # The shared prefix of the requests about one image: up to the end of its image tokens (+ the
-            # template's closing tokens are per question), keyed by key units, so two images never share it.
-            cut = prompt.spans[0].end
-            key = tuple(prompt.key_units()[:cut])
-            if key not in prefixes:
-                head = _head(prompt, cut)
-                prefixes[key] = prefill(vm, head).caches
-                computed += cut
-            caches, start = kv.view(prefixes[key], cut, cut), cut
-        pf = prefill(vm, prompt, caches=caches, start=start)
-        computed += pf.computed
-        first = int(mx.argmax(pf.logits).item())
-        (uid,) = gen.insert([[first]], [job.max_tokens - 1], caches=[pf.caches], all_tokens=[list(prompt.tokens)])
-        out[uid] = [first]
-        order.append(uid)
-    while any(len(v) < job.max_tokens for v in out.values()):
-        _, responses = gen.next()
-        for r in responses:
-            out[r.uid].append(r.token)
-    gen.close()
+    items = []
+    for i, (messages, data) in enumerate(zip(job.messages, job.pngs, strict=True)):
+        uri = "data:image/png;base64," + base64.b64encode(data).decode()
+        body = {"messages": _with_url(messages, uri), "max_tokens": job.max_tokens, "temperature": 0}
+        prompt = loaded.prompt(CHAT_URL, body)
+        items.append(WorkItem(i, prompt.tokens, SamplingParams.from_body(body), prompt))
+    results: dict[int, Any] = {}
+    stats = engine.run(items, lambda rs: results.update({r.key: r for r in rs}))
     seconds = time.perf_counter() - started
-    return Outcome(seconds, [out[u] for u in order], vm.features.stats.encoder_calls, computed)
+    tokens = [results[i].choices[0].token_ids for i in range(len(items))]
+    cached = sum(r.cached_tokens for r in results.values())
+    extra = {"warmups": stats.warmups, "cached_tokens": cached, "decode_s": round(stats.decode_seconds, 3)}
+    return Outcome(seconds, tokens, vm.features.stats.encoder_calls, stats.prefill_tokens, extra)
 
 
-def _head(prompt: Any, cut: int) -> Any:
-    from omlx_jobs.worker.vision_prompt import VisionPrompt
-
-    spans = tuple(s for s in prompt.spans if s.end <= cut)
-    return VisionPrompt(prompt.tokens[:cut], spans, {"images": prompt.extra["images"][: len(spans)]})
+def _with_url(messages: list[dict[str, Any]], url: str) -> list[dict[str, Any]]:
+    out = []
+    for m in messages:
+        content = m["content"]
+        if isinstance(content, list):
+            content = [{**p, "image_url": {"url": url}} if p["type"] == "image_url" else p for p in content]
+        out.append({**m, "content": content})
+    return out
 
 
 # ---- mlx-vlm's own paths ----------------------------------------------------------------------------
@@ -303,11 +297,15 @@ def main() -> None:
     n_images, per_image = (4, 4) if args.quick else (8, 8)
     max_tokens = args.max_tokens or (8 if args.quick else 16)
     job = make_job(side, max_tokens, n_images, per_image)
+    from omlx_jobs.worker.vision_engine import loaded_vision
+
+    loaded = loaded_vision(vm, args.model)
+    b = args.batch_size
     variants: dict[str, Callable[[], Outcome]] = {
-        "ours, cache on": lambda: run_ours(vm, job, args.batch_size, cache_on=True, prefix_reuse=False),
-        "ours, cache off": lambda: run_ours(vm, job, args.batch_size, cache_on=False, prefix_reuse=False),
-        "ours, prefix reuse": lambda: run_ours(vm, job, args.batch_size, cache_on=True, prefix_reuse=True),
-        "mlx-vlm batch": lambda: run_mlx_vlm_batch(vm, job, args.batch_size),
+        "engine": lambda: run_engine(loaded, job, b, prefix_cache=True, features=True),
+        "engine, no prefix cache": lambda: run_engine(loaded, job, b, prefix_cache=False, features=True),
+        "engine, no prefix/features": lambda: run_engine(loaded, job, b, prefix_cache=False, features=False),
+        "mlx-vlm batch": lambda: run_mlx_vlm_batch(vm, job, b),
         "mlx-vlm loop": lambda: run_mlx_vlm_loop(vm, job),
     }
     for name in filter(None, (s.strip() for s in args.skip.split(","))):
@@ -332,7 +330,7 @@ def main() -> None:
 
 
 def report(results: dict[str, list[Outcome]], job: Job, args: argparse.Namespace, vm: Any) -> None:
-    base = statistics.median(o.seconds for o in results["ours, cache on"]) if "ours, cache on" in results else None
+    base = statistics.median(o.seconds for o in results["engine"]) if "engine" in results else None
     reference = results.get("mlx-vlm loop", [None])[0]
     rows = []
     for name, outs in results.items():
@@ -345,20 +343,22 @@ def report(results: dict[str, list[Outcome]], job: Job, args: argparse.Namespace
             {
                 "variant": name,
                 "seconds": round(secs, 3),
-                "vs_ours_cache_on": round(secs / base, 2) if base else None,
+                "runs_seconds": [round(o.seconds, 3) for o in outs],
+                "vs_engine": round(secs / base, 2) if base else None,
                 "encoder_calls": last.encoder_calls,
                 "prefill_tokens": last.prefill_tokens or None,
                 "tokens_equal_to_mlx_vlm_loop": None if same is None else f"{same}/{len(job.messages)}",
+                **last.extra,
             }
         )
     width = max(len(r["variant"]) for r in rows)
     for r in rows:
         print(
-            f"{r['variant']:<{width}}  {r['seconds']:8.3f} s  x{r['vs_ours_cache_on']}  encoder calls "
+            f"{r['variant']:<{width}}  {r['seconds']:8.3f} s  x{r['vs_engine']}  encoder calls "
             f"{r['encoder_calls']:>3}  prefill tokens {r['prefill_tokens'] or '-':>6}  same tokens as the "
             f"mlx-vlm loop: {r['tokens_equal_to_mlx_vlm_loop'] or '-'}"
         )
-    on, off = results.get("ours, cache on"), results.get("ours, cache off")
+    on, off = results.get("engine, no prefix cache"), results.get("engine, no prefix/features")
     if on and off:
         saved = off[-1].encoder_calls - on[-1].encoder_calls
         ratio = statistics.median(o.seconds for o in off) / statistics.median(o.seconds for o in on)

@@ -40,7 +40,9 @@ def test_reference_attends_from_each_rows_first_real_key() -> None:
 def test_engine_decodes_through_the_kernel_with_identical_tokens(wide_loaded: LoadedModel) -> None:
     prompts = mixed_prompts(wide_loaded)  # different lengths: the decode batch is left-padded
     items = [WorkItem(i, p, greedy(8)) for i, p in enumerate(prompts)]
-    config = EngineConfig(completion_batch_size=6, prefill_batch_size=3, min_shared_tokens=8)
+    # Cascade off: every row is a BatchKVCache (with it, rows with a prefix take the cascade kernel, see
+    # tests/test_cascade_engine.py).
+    config = EngineConfig(completion_batch_size=6, prefill_batch_size=3, min_shared_tokens=8, cascade=False)
     stock = run(Engine(wide_loaded, config), items)
 
     calls: list[tuple[int, ...]] = []

@@ -19,7 +19,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from omlx_jobs.worker import attention, cascade, cascade_kernel, kv
-from omlx_jobs.worker.cascade_cache import CascadeKVCache, SharedPrefix, SharedPrefixes, row_caches
+from omlx_jobs.worker.cascade_cache import OWN_STEP, CascadeKVCache, SharedPrefix, SharedPrefixes, row_caches
 from omlx_jobs.worker.model import LoadedModel, load
 from tests.tiny_model import build_tiny_model
 
@@ -247,7 +247,7 @@ def test_a_shared_prefix_is_held_once(tiny_loaded: LoadedModel, prefixes: Prefix
         assert len(levels) == 2
         for lv, seg in zip(levels, (sys_seg, doc_seg), strict=True):
             assert lv.keys is seg.keys and lv.values is seg.values
-        assert c.own.keys.shape[2] == 256  # one allocation step of mlx-lm's cache: suffixes of up to 9 tokens
+        assert c.own.keys.shape[2] == OWN_STEP  # one allocation step: suffixes of up to 9 tokens
     assert grown <= own * 1.1  # nothing was copied: the levels are views of the prefix entries
     today = sum(BatchKVCache.merge([caches_for(r, layers, False)[i] for r in group]).nbytes for i in range(layers))
     assert today >= len(group) * prefix  # today every row holds its own copy of the prefix

@@ -242,7 +242,7 @@ def test_positions_matter(vm: VisionModel) -> None:
     prompt = vm.build_prompt(messages, pics)
     pf = prefill(vm, prompt)
     right = _decode_alone(vm, pf.caches, pf.logits)
-    wrong = _decode_alone(vm, positioned(pf.caches, 0), pf.logits)
+    wrong = _decode_alone(vm, positioned(pf.caches, ()), pf.logits)
     assert right == reference(vm, messages, pics)
     assert wrong != right
 
@@ -344,3 +344,36 @@ def test_mlx_vlm_batch_generator_positions_match_single_requests(vm: VisionModel
                 got[r.uid].append(r.token)
     gen.close()
     assert [got[u] for u in uids] == expected
+
+
+def test_prefill_rows_in_one_batch_equal_one_at_a_time(vm: VisionModel) -> None:
+    """Rows of different lengths right-padded in one batch, from no base and from a shared text prefix: the
+    same logits, caches and RoPE breaks as prefill() row by row."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from omlx_jobs.worker.vision_prefill import prefill_rows
+
+    rows = [
+        vm.build_prompt(user("Describe this image."), [picture(100, 70, 0)]),
+        vm.build_prompt(user("What color is it? One word.", n_images=2), [picture(60, 60, 1), picture(84, 56, 3)]),
+        vm.build_prompt(user("How many?", before=False), [picture(120, 112, 2)]),
+    ]
+    ends = [len(p) - 2 for p in rows]
+    alone = [prefill(vm, p, end=e, want={3}) for p, e in zip(rows, ends, strict=True)]
+    together = prefill_rows(vm, rows, [None, None, None], ends, [{3}, {3}, {3}])
+    for a, b in zip(alone, together, strict=True):
+        assert mx.allclose(a.logits, b.logits, atol=1e-4).item() and mx.allclose(a.picked[3], b.picked[3], atol=1e-4)
+        assert a.caches[0].breaks == b.caches[0].breaks and a.caches[1].offset == b.caches[1].offset
+        n = a.caches[1].offset
+        assert mx.allclose(a.caches[1].keys[..., :n, :], b.caches[1].keys[..., :n, :], atol=1e-4).item()
+    # on text prefixes of one length (each row's own first tokens), computed by the decode model
+    cut = min(p.first_image for p in rows)
+    dec = vm.decode_model()
+    views = []
+    for p in rows:
+        base = make_prompt_cache(dec)
+        dec(mx.array([p.tokens[:cut]]), cache=base)
+        views.append([_plain(c) for c in base])
+    together = prefill_rows(vm, rows, views, ends, [set(), set(), set()])
+    for a, b in zip(alone, together, strict=True):
+        assert mx.allclose(a.logits, b.logits, atol=1e-4).item() and b.computed == a.computed - cut

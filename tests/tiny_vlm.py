@@ -191,6 +191,7 @@ def random_vlm(config: dict[str, Any], *, seed: int = 0, attention_scale: float 
     import importlib
 
     import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
 
     family = importlib.import_module(f"mlx_vlm.models.{config['model_type']}")
     mx.random.seed(seed)
@@ -198,24 +199,37 @@ def random_vlm(config: dict[str, Any], *, seed: int = 0, attention_scale: float 
     model_config.text_config = family.TextConfig.from_dict(config)
     model_config.vision_config = family.VisionConfig.from_dict(config["vision_config"])
     model = family.Model(model_config)
+    if dtype is not None:  # fresh arrays in `dtype`: the float32 ones the layers made are never computed
+        dt = getattr(mx, dtype)
+        model.update(tree_unflatten([(k, _fresh(k, a, dt)) for k, a in tree_flatten(model.parameters())]))
     lm = model.language_model
     hidden = config["hidden_size"]
+    dt = lm.model.embed_tokens.weight.dtype
     # Logits with a std of about 2 (greedy picks depend on the context); image features on the embeddings' scale.
-    lm.model.embed_tokens.weight = mx.random.normal(lm.model.embed_tokens.weight.shape)
-    lm.lm_head.weight = mx.random.normal(lm.lm_head.weight.shape) * (2.0 / hidden**0.5)
+    lm.model.embed_tokens.weight = mx.random.normal(lm.model.embed_tokens.weight.shape, dtype=dt)
+    lm.lm_head.weight = mx.random.normal(lm.lm_head.weight.shape, dtype=dt) * (2.0 / hidden**0.5)
     for layer in lm.model.layers:  # sharper attention: outputs depend on which image and text came before
         attn = layer.self_attn
         attn.q_proj.weight = attn.q_proj.weight * attention_scale
         attn.k_proj.weight = attn.k_proj.weight * attention_scale
     last = model.vision_tower.merger.mlp[-1]
-    last.weight = mx.random.normal(last.weight.shape) * (4.0 / last.weight.shape[1] ** 0.5)
-    if dtype is not None:
-        from mlx.utils import tree_map
-
-        model.update(tree_map(lambda a: a.astype(getattr(mx, dtype)), model.parameters()))
-    mx.eval(model.parameters())
+    last.weight = mx.random.normal(last.weight.shape, dtype=dt) * (4.0 / last.weight.shape[1] ** 0.5)
+    for _, a in tree_flatten(model.parameters()):  # one at a time: the peak is the weights, not a graph of them
+        mx.eval(a)
     model.eval()
     return model
+
+
+def _fresh(name: str, a: Any, dtype: Any) -> Any:
+    """A random parameter like nn.Linear's default init (uniform in +-1/sqrt(fan_in)); norms 1, biases 0."""
+    import math
+
+    import mlx.core as mx
+
+    if a.ndim >= 2:
+        bound = 1.0 / math.sqrt(math.prod(a.shape[1:]))
+        return mx.random.uniform(-bound, bound, a.shape, dtype=dtype)
+    return mx.zeros(a.shape, dtype=dtype) if name.endswith("bias") else mx.ones(a.shape, dtype=dtype)
 
 
 def _sections(half: int) -> list[int]:

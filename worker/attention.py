@@ -170,6 +170,31 @@ def enabled(kernel: Callable[..., mx.array] | None = None) -> Iterator[None]:
         _state.kernel = previous
 
 
+def route(
+    original: Callable[..., mx.array],
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    cache: Any,
+    scale: float,
+    mask: Any,
+    sinks: Any = None,
+) -> mx.array:
+    """The kernel inside `enabled()` where it applies, else `original` (mlx-lm's call, or the one it wraps). Also
+    called by cascade.py for a batch with no prefix level, whichever of the two wrappers was installed first."""
+    kernel = getattr(_state, "kernel", None)
+    if (
+        kernel is not None
+        and type(cache) is BatchKVCache  # not a subclass: rotating caches keep keys in another order
+        and sinks is None
+        and queries.shape[2] == 1
+        and supported(queries.shape[1], keys.shape[1], queries.shape[-1])
+        and (mask is None or isinstance(mask, mx.array))
+    ):
+        return kernel(queries, keys, values, cache.left_padding, scale)
+    return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+
 def install(model: Any) -> bool:
     """Wrap the model module's scaled_dot_product_attention (once); False if this model type is not eligible."""
     if getattr(model, "model_type", None) not in MODEL_TYPES:
@@ -193,17 +218,7 @@ def install(model: Any) -> bool:
         mask: Any,
         sinks: Any = None,
     ) -> mx.array:
-        kernel = getattr(_state, "kernel", None)
-        if (
-            kernel is not None
-            and type(cache) is BatchKVCache  # not a subclass: rotating caches keep keys in another order
-            and sinks is None
-            and queries.shape[2] == 1
-            and supported(queries.shape[1], keys.shape[1], queries.shape[-1])
-            and (mask is None or isinstance(mask, mx.array))
-        ):
-            return kernel(queries, keys, values, cache.left_padding, scale)
-        return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+        return route(original, queries, keys, values, cache, scale, mask, sinks)
 
     scaled_dot_product_attention._omlx_ragged = True  # type: ignore[attr-defined]
     scaled_dot_product_attention.__wrapped__ = original  # type: ignore[attr-defined]

@@ -20,7 +20,7 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch, _merge_caches, _rig
 from mlx_lm.models.cache import _BaseCache, can_trim_prompt_cache, make_prompt_cache
 
 from omlx_jobs.worker import attention, kv
-from omlx_jobs.worker.prefix_cache import Entry, Match
+from omlx_jobs.worker.prefix_cache import Entry, Match, PrefixCache
 
 BaseCache = _BaseCache
 """mlx-lm's base of layer caches, for cache classes of ours (worker/cascade_cache.py)."""
@@ -45,7 +45,8 @@ class RowSpec:
     """Prompt tokens not in `prefix` (at least one; for first_tokens, none)."""
     max_tokens: int
     prefix: Match | None = None
-    """The first `prefix.length` positions of a prefix-cache entry, reused (this backend copies them in)."""
+    """The first `prefix.length` positions of a prefix-cache entry, reused (DecodeBatch copies them into the row;
+    a CascadeBatch references them)."""
     context: list[int] = field(default_factory=list)
     """The tokens before `prompt` (those in `prefix`): what logits processors see first."""
     sampler: Sampler | None = None
@@ -107,6 +108,7 @@ class ModelBackend:
         # Reuse needs caches BatchGenerator can merge; others fall back to no reuse.
         self.reusable = all(hasattr(c, "merge") for c in probe)
         self.ragged = False
+        self.cascade = False
         self.step_logits: StepLogits | None = None
         """Set by the engine: decode steps then apply processors marked `batchable` in one call for all rows."""
 
@@ -115,14 +117,36 @@ class ModelBackend:
         self.ragged = attention.available() and attention.install(self.model)
         return self.ragged
 
-    def open(self) -> DecodeBatch:
-        """A decode batch for one run; close it when the run ends."""
+    def before_admit(self, admissions: Sequence[Any], cache: Any, *, keep: bool) -> None:
+        """Called with a window's admissions before they become rows: a vision backend computes their image
+        positions then, together (worker/vision_engine.py). Text has nothing to do."""
+
+    def use_cascade(self) -> bool:
+        """Let rows reference their cached prefix instead of copying it (worker/cascade_batch.py) where the model's
+        caches and attention allow; True if so. Call after use_ragged_decode (the cascade call wraps the ragged)."""
+        from omlx_jobs.worker import cascade
+
+        self.cascade = cascade.eligible(self.model) and cascade.install(self.model)
+        return self.cascade
+
+    def open(self, cache: PrefixCache | None = None) -> Batch:
+        """A decode batch for one run; close it when the run ends. With `cache` (the prefix cache rows start
+        from) and use_cascade on, rows reference their prefix entries in it instead of copying them."""
+        if self.cascade and cache is not None:
+            from omlx_jobs.worker.cascade_batch import CascadeBatch  # it builds on DecodeBatch
+
+            return CascadeBatch(self, cache)
         return DecodeBatch(self)
 
     def prefill(
-        self, bases: Sequence[Caches | None], suffixes: Sequence[list[int]], want: Sequence[set[int]]
+        self,
+        bases: Sequence[Caches | None],
+        suffixes: Sequence[list[int]],
+        want: Sequence[set[int]],
+        prompts: Sequence[Any] | None = None,
     ) -> list[tuple[Caches, dict[int, mx.array]]]:
-        """Extend each base cache (None: empty) by its suffix, all in one batch.
+        """Extend each base cache (None: empty) by its suffix, all in one batch. `prompts` are the Prompts the
+        suffixes are cut from: a vision backend reads their images (worker/vision_engine.py); text ignores them.
 
         Returns, per sequence, its caches and the logits after each suffix position in `want` (0-based). Unequal
         lengths are right-padded as mlx-lm's PromptProcessingBatch does. Only wanted positions are projected onto
@@ -208,7 +232,7 @@ class DecodeBatch:
         return self._gen.insert(
             [r.prompt for r in rows],
             max_tokens=[r.max_tokens for r in rows],
-            caches=[self._caches(r.prefix) for r in rows],
+            caches=[self._row_caches(r) for r in rows],
             all_tokens=[list(r.context) for r in rows],  # mlx-lm extends this list in place
             samplers=[r.sampler for r in rows],
             logits_processors=[r.processors for r in rows],
@@ -259,8 +283,13 @@ class DecodeBatch:
             self.timings = Timings(self._stats.prompt_time, self._stats.decode_time)
         return self.timings
 
-    def _caches(self, prefix: Match | None) -> Caches | None:
-        """A view of the prefix, reused across a group's consecutive admissions (they share one prefix)."""
+    def cache_nbytes(self) -> int:
+        """Bytes the batch's KV caches hold (rows waiting, in prompt processing and decoding)."""
+        return int(self._gen.prompt_cache_nbytes)
+
+    def _row_caches(self, row: RowSpec) -> Caches | None:
+        """A view of the row's prefix, reused across a group's consecutive admissions (they share one prefix)."""
+        prefix = row.prefix
         if prefix is None:
             return None
         entry, length = prefix.entry, prefix.length

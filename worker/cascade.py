@@ -322,8 +322,8 @@ def install(model: Any) -> bool:
         if layout is None:
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
         levels, own = layout()
-        if not levels:
-            return original(queries, keys, values, cache=own, scale=scale, mask=mask, sinks=sinks)
+        if not levels:  # today's path on the own suffixes (the ragged kernel too, if it wraps this call)
+            return ragged.route(original, queries, keys, values, own, scale, mask, sinks)
         if sinks is not None:
             raise NotImplementedError("cascade attention has no attention sinks; this model must keep KVCache")
         return attention(queries, keys, values, levels, scale, mask, own.left_padding)

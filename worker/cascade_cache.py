@@ -41,6 +41,10 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 from omlx_jobs.worker.backend import BaseCache
 from omlx_jobs.worker.cascade import Level
 
+OWN_STEP = 64
+"""Positions the own-suffix cache grows by (mlx-lm's BatchKVCache: 256). Own suffixes are short (a question and
+its answer), and with 64 rows of SmolLM2 in float32 each 256 positions cost 750 MB."""
+
 
 @dataclass(eq=False)
 class Segment:
@@ -136,15 +140,22 @@ def row_caches(chain: Sequence[SharedPrefix], layers: int, own: Sequence[Any] | 
         position = level.end
     out = []
     for i in range(layers):
-        row = BatchKVCache([0])
+        row = _own([0])
         if own is not None and own[i].offset:
             row = BatchKVCache.merge([own[i]])
+            row.step = OWN_STEP
         out.append(CascadeKVCache([tuple(level.segments[i] for level in chain)], row))
     return out
 
 
+def _own(left_padding: list[int]) -> BatchKVCache:
+    own = BatchKVCache(left_padding)
+    own.step = OWN_STEP
+    return own
+
+
 def _empty_own() -> BatchKVCache:
-    own = BatchKVCache([])
+    own = _own([])
     own.left_padding = mx.array([], dtype=mx.int32)
     own.offset = mx.array([], dtype=mx.int32)
     return own
@@ -250,9 +261,10 @@ class CascadeKVCache(BaseCache):
 
     def extract(self, idx: int) -> CascadeKVCache:
         """Row `idx` alone: its chain (shared) and a copy of its own tokens."""
-        own = BatchKVCache([0])
+        own = _own([0])
         if self.own.keys is not None:
             own = BatchKVCache.merge([self.own.extract(idx)])
+            own.step = OWN_STEP
         return CascadeKVCache([self.chains[idx]], own)
 
     def to_kv_cache(self) -> KVCache:

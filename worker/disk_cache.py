@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+from mlx_lm.models.cache import KVCache, load_prompt_cache, save_prompt_cache
 
 from omlx_jobs.worker.prompts import common_prefix, positions
 
@@ -70,6 +71,11 @@ class DiskCache:
             return None
         with contextlib.suppress(OSError):  # recency only; the file may have just been removed by another worker
             os.utime(path)
+        if "rope_breaks" in meta:  # a vision model's caches: their RoPE offsets after each image
+            from omlx_jobs.worker.vision_prefill import positioned
+
+            breaks = tuple((int(p), int(d)) for p, d in json.loads(meta["rope_breaks"]))
+            return positioned(cache, breaks)
         return cache
 
     def save(self, key: bytes, cache: list[Any]) -> None:
@@ -83,7 +89,12 @@ class DiskCache:
                 return
             fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".safetensors")
             os.close(fd)
-            save_prompt_cache(tmp, cache, metadata={"model": self.model_identity, "tokens": key.hex()})
+            meta = {"model": self.model_identity, "tokens": key.hex()}
+            breaks = getattr(cache[0], "breaks", None) if cache else None
+            if breaks is not None:  # mlx-lm saves its own cache classes: the offsets go in the metadata
+                meta["rope_breaks"] = json.dumps([list(b) for b in breaks])
+                cache = [_plain(c) for c in cache]
+            save_prompt_cache(tmp, cache, metadata=meta)
             os.replace(tmp, path)
             tmp, placed = None, True
             path.with_suffix(".tokens").write_bytes(key)
@@ -110,3 +121,12 @@ class DiskCache:
                 break
             self._drop(key, path)
             total -= size
+
+
+def _plain(c: Any) -> Any:
+    """A KVCache subclass's keys and values as mlx-lm's own KVCache (what save_prompt_cache can name)."""
+    if type(c) is KVCache or not isinstance(c, KVCache):
+        return c
+    k = KVCache()
+    k.keys, k.values, k.offset = c.keys, c.values, c.offset
+    return k

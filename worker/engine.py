@@ -67,6 +67,9 @@ class EngineConfig:
     ragged_decode: bool = field(default_factory=defaults.ragged_decode)
     """On CUDA, decode attention without mlx-lm's padding mask (worker/attention.py); no effect elsewhere.
     Defaults to on unless OMLX_JOBS_RAGGED_DECODE=0."""
+    cascade: bool = field(default_factory=defaults.cascade)
+    """Rows reference their cached prefix instead of copying it, where the model allows (worker/cascade_batch.py).
+    Defaults to on unless OMLX_JOBS_CASCADE=0."""
 
     def __post_init__(self) -> None:
         if self.completion_batch_size < 1 or self.prefill_batch_size < 1 or self.prefill_step_size < 1:
@@ -106,8 +109,7 @@ class Engine:
         self.config = cfg = config or EngineConfig()
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.eos = [] if cfg.ignore_eos else engine_eos(loaded)
-        self.backend = ModelBackend(
-            self.model,
+        self.backend: ModelBackend = loaded.backend(
             eos=self.eos,
             batch_size=cfg.completion_batch_size,
             prefill_batch_size=cfg.prefill_batch_size,
@@ -115,6 +117,8 @@ class Engine:
         )
         if cfg.ragged_decode:
             self.backend.use_ragged_decode()
+        if cfg.cascade:
+            self.backend.use_cascade()
         self.cache = PrefixCache(
             max_bytes=cfg.cache_memory, trimmable=self.backend.trimmable, bucket_tokens=cfg.min_shared_tokens
         )
@@ -199,7 +203,8 @@ class Engine:
         scheduler.read_ahead()  # plan before the first admission, as the totals are reported then
         self.warmups.start_run()
         self.cache.start_run()
-        run = _Run(scheduler, self.backend.open(), on_results, control, on_admit, stats)
+        batch = self.backend.open(self.cache if self.prefix_enabled else None)
+        run = _Run(scheduler, batch, on_results, control, on_admit, stats)
         try:
             self._loop(run)
         except BaseException:
@@ -234,6 +239,7 @@ class Engine:
             if new:
                 run.on_admit(list(dict.fromkeys(new)))
         self.outputs.warm_up(self.warmups, window)  # the warm-ups, and echo's prompt scores (worker/echo.py)
+        self.backend.before_admit(window.admissions, self.cache, keep=self.prefix_enabled)
         from_logits = [p for a in window.admissions if (p := self._admit(run, a)) is not None]
         self._start_from_logits(run, from_logits)
         self._commit(run)
@@ -263,9 +269,12 @@ class Engine:
             return _FromLogits(seq, row)
         if match is not None and match.length >= n:  # the last prompt token must run to give logits
             match = self.cache.lookup(prompt.key, limit=n - 1, count=False)
+        own = 0  # images: computed from embeddings into a prefix the row starts from (worker/vision_engine.py)
+        if prompt.media:
+            match, own = self.backend.media_prefix(self.cache, prompt, match, a.position, keep=self.prefix_enabled)
         cached = match.length if match is not None else 0
-        run.collector.start(a.item, work, cached=self.warmups.charges.cached(prompt.key, cached))
-        run.stats.prefill_tokens += n - cached
+        run.collector.start(a.item, work, cached=self.warmups.charges.cached(prompt.key, cached - own))
+        run.stats.prefill_tokens += n - cached + own
         row.prompt, row.prefix, row.context = prompt.tokens[cached:], match, prompt.tokens[:cached]
         self._insert(run, seq, row)
         return None

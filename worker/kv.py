@@ -21,7 +21,8 @@ def view(caches: Caches, tokens: int, length: int) -> Caches:
     out = []
     for c in caches:
         if isinstance(c, KVCache):
-            v = KVCache()
+            v = copy.copy(c)  # keeps a subclass and its state (a vision model's RoPE breaks)
+            v.keys = v.values = None
             if length:
                 v.keys = c.keys[..., :length, :]
                 v.values = c.values[..., :length, :]

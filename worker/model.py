@@ -11,6 +11,7 @@ from typing import Any
 
 from omlx_jobs.errors import ErrorCode, OmlxError
 from omlx_jobs.jobs.formats import CHAT_URL
+from omlx_jobs.worker.prompts import Prompt
 
 GGUF_PREFIX = "gguf:"
 
@@ -37,6 +38,19 @@ class LoadedModel:
     config: dict[str, Any]
     identity: str
     context_length: int
+
+    vision = None
+    """The mlx-vlm model of a vision model (worker/vision_engine.py's VisionLoaded); None for text."""
+
+    def prompt(self, endpoint: str, body: dict[str, Any]) -> Prompt:
+        """The request's prompt: tokens, and for a vision model where each image sits (its key names them)."""
+        return Prompt.from_tokens(self.encode(endpoint, body))
+
+    def backend(self, **kw: Any) -> Any:
+        """The engine's backend for this model (a vision model's computes image positions from embeddings)."""
+        from omlx_jobs.worker.backend import ModelBackend
+
+        return ModelBackend(self.model, **kw)
 
     @property
     def vocab_size(self) -> int:
@@ -126,16 +140,23 @@ def resolve_model_path(ref: str, *, cache_root: Path | None = None) -> Path:
         ) from exc
 
 
-def load(ref: str, *, context_length: int | None = None, cache_root: Path | None = None) -> LoadedModel:
-    """Load weights and tokenizer with mlx_lm.load, once per worker."""
+def load(
+    ref: str, *, context_length: int | None = None, cache_root: Path | None = None, images: Any = None
+) -> LoadedModel:
+    """Load weights and tokenizer with mlx_lm.load, once per worker; a vision model (its config says so) with
+    mlx-vlm, reading images only as `images` (an ImageAccess: this worker's allowed folders) allows."""
     import mlx_lm
 
     path = resolve_model_path(ref, cache_root=cache_root)
+    if _is_vision(path):
+        from omlx_jobs.worker.vision_engine import load_vision
+
+        return load_vision(ref, path, context_length=context_length, images=images)
     try:
         model, tokenizer, config = mlx_lm.load(str(path), return_config=True)
     except Exception as exc:
         raise ModelLoadError(f"mlx_lm.load could not load {path}: {exc}") from exc
-    ctx = context_length or _context_length(config, path)
+    ctx = context_length or context_length_of(config, path)
     return LoadedModel(
         ref=ref,
         path=path,
@@ -147,7 +168,19 @@ def load(ref: str, *, context_length: int | None = None, cache_root: Path | None
     )
 
 
-def _context_length(config: dict[str, Any], path: Path) -> int:
+def _is_vision(path: Path) -> bool:
+    from omlx_jobs.worker.vision import vision_model_type
+
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if isinstance(config.get("vision_config"), dict) and importlib.util.find_spec("mlx_vlm") is None:
+        raise ModelLoadError(f"{path} is a vision model: pip install 'omlx-jobs[vision]' (mlx-vlm) to run it")
+    return vision_model_type(config) is not None
+
+
+def context_length_of(config: dict[str, Any], path: Path) -> int:
     for key in ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions", "n_ctx"):
         value = config.get(key) or (config.get("text_config") or {}).get(key)
         if isinstance(value, int) and value > 0:

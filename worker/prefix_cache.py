@@ -114,6 +114,13 @@ class PrefixCache:
                 best.entry.last_used = next(self._clock)
         return best
 
+    def prefixes_of(self, key: bytes, below: int) -> list[Entry]:
+        """Entries whose whole key is a prefix of `key` shorter than `below` positions, shortest first (the cached
+        ancestors along a trie path, such as a system prompt's entry before a document's)."""
+        bucket = self._bucket(key)
+        found = [e for e in self._buckets.get(bucket, ()) if e.tokens < below and key.startswith(e.key)]
+        return sorted(found, key=lambda e: e.tokens)
+
     def add(
         self,
         key: bytes,

@@ -26,7 +26,7 @@ from omlx_jobs.store.shards import ShardInfo
 from omlx_jobs.worker.containment import run_contained
 from omlx_jobs.worker.engine import Control, Engine
 from omlx_jobs.worker.model import PromptError
-from omlx_jobs.worker.prompts import token_key
+from omlx_jobs.worker.prompts import common_prefix, key_prefix
 from omlx_jobs.worker.results import ItemResult, PlanTotals, RunStats, completion_row
 from omlx_jobs.worker.sequence import WorkItem
 
@@ -187,13 +187,14 @@ def work_items(
         params, output = SamplingParams.from_body(req.body), OutputParams.from_body(req.body)
         tokens: list[int] = []
         try:
-            tokens = engine.loaded.encode(req.endpoint, req.body)
+            prompt = engine.loaded.prompt(req.endpoint, req.body)  # images fetched and checked here
+            tokens = prompt.tokens
             engine.check(tokens, params, output)
         except PromptError as exc:
             store.record_failure(req.id, exc.code, exc.message, prompt_tokens=len(tokens) or None, run_id=run_id)
             outcome.failed += 1
             continue
-        yield WorkItem(req.id, tokens, params, output=output), req.sort_key
+        yield WorkItem(req.id, tokens, params, prompt, output=output), req.sort_key
 
 
 def store_results(store: Store, results: list[ItemResult], run_id: int | None = None) -> tuple[int, int]:
@@ -290,9 +291,10 @@ def _settle(store: Store, engine: Engine, outcome: ShardOutcome, stats: RunStats
 
 
 class ShardInput:
-    """A shard's work items as the engine reads them, noting on the way what its plan needs: the common token
-    prefix of its first prefix group and of its last one, as token keys (what it can share with the shard before
-    it and the one after: Store.record_shard_plan), whether every row is fresh, and whether all were read.
+    """A shard's work items as the engine reads them, noting on the way what its plan needs: the common key
+    prefix of its first prefix group and of its last one (what it can share with the shard before it and the one
+    after: Store.record_shard_plan), whether every row is fresh, and whether all were read. Keys, not token ids:
+    two different images after the same text have the same ids but share no positions.
 
     Items come in prefix order; a group's requests share their sort key's first chunk (jobs/sharding.py).
     """
@@ -303,8 +305,8 @@ class ShardInput:
         self.exhausted = False
         self.fresh = True
         """No row read so far was started before (attempts 0)."""
-        self._first: tuple[bytes, list[int]] | None = None  # (group chunk, common tokens) of the first group
-        self._last: tuple[bytes, list[int]] | None = None
+        self._first: tuple[bytes, bytes] | None = None  # (group chunk, common key) of the first group
+        self._last: tuple[bytes, bytes] | None = None
 
     def rows(self, pages: Iterable[list[PendingRequest]]) -> Iterator[PendingRequest]:
         """The rows of the store's pages, one after another."""
@@ -316,35 +318,30 @@ class ShardInput:
         for item, key in self.placed:
             chunk = key[:UNIT]
             if self._first is None:
-                self._first = (chunk, list(item.tokens))
+                self._first = (chunk, item.prompt.key)
             elif self._first[0] == chunk:
-                self._first = (chunk, common_tokens([self._first[1], item.tokens]))
+                self._first = (chunk, common_key([self._first[1], item.prompt.key]))
             if self._last is None or self._last[0] != chunk:
-                self._last = (chunk, list(item.tokens))
+                self._last = (chunk, item.prompt.key)
             else:
-                self._last = (chunk, common_tokens([self._last[1], item.tokens]))
+                self._last = (chunk, common_key([self._last[1], item.prompt.key]))
             yield item
         self.exhausted = True
 
     @property
     def lead(self) -> bytes:
-        return token_key(self._first[1]) if self._first is not None else b""
+        return self._first[1] if self._first is not None else b""
 
     @property
     def tail(self) -> bytes:
-        return token_key(self._last[1]) if self._last is not None else b""
+        return self._last[1] if self._last is not None else b""
 
 
-def common_tokens(prompts: list[list[int]]) -> list[int]:
-    """The longest token prefix every prompt starts with ([] for none)."""
-    if not prompts:
-        return []
-    prefix = prompts[0]
-    for tokens in prompts[1:]:
-        n = 0
-        for a, b in zip(prefix, tokens, strict=False):
-            if a != b:
-                break
-            n += 1
-        prefix = prefix[:n]
-    return list(prefix)
+def common_key(keys: list[bytes]) -> bytes:
+    """The longest key prefix every key starts with (b"" for none)."""
+    if not keys:
+        return b""
+    prefix = keys[0]
+    for key in keys[1:]:
+        prefix = key_prefix(prefix, common_prefix(prefix, key))
+    return prefix

@@ -13,23 +13,25 @@ Design (issue 11). Two ways to batch image requests were studied:
   ids through mlx-lm's own text model for the family, built on the same weight arrays (no copy).
 
 Why: image rows then live in the one engine we already plan and measure: continuous batching with text rows,
-the prefix trie and warm-ups (an image's key is its pixel hash), the disk tier, the CUDA ragged decode kernel,
-logits processors, stop handling. mlx-vlm's generator would be a second engine beside it, with its own prefix
-cache and no way to take our planned caches; and we depend only on mlx-vlm's model classes and processors,
-not on its fast-moving generate module.
+the prefix trie and warm-ups (an image's key is its pixel hash), the CUDA ragged decode kernel, logits
+processors, stop handling, the disk tier (worker/vision_engine.py wires it).
+mlx-vlm's generator would be a second engine beside it, with its own prefix cache and no way to take our
+planned caches; and we depend only on mlx-vlm's model classes and processors, not on its fast-moving generate
+module (the serial fallback aside).
 
 Position state: Qwen2-VL's mRoPE gives image tokens 2-D positions, so after an image, a token's rotary
 position is its index plus a per-request `rope_delta` (<= 0). mlx-vlm keeps that delta on the model object.
-Here it belongs to the request: the prefill returns it, the row's caches carry it (PositionedKVCache), and
-when BatchGenerator merges caches the delta is added to that row's offset, which mlx-lm's text model uses
-only as its RoPE position (masks use the padding). Every later filter/extend keeps it. For text tokens all
+Here it belongs to the request: the prefill returns it, the row's caches carry it (PositionedKVCache, as the
+delta after each image, so a cached prefix of any length knows its own), and when BatchGenerator merges caches
+the delta is added to that row's offset, which mlx-lm's text model uses only as its RoPE position (masks use
+the padding). Every later filter/extend keeps it. For text tokens all
 three mRoPE sections hold the same position, so mlx-lm's 1-D RoPE is exact for decoding.
 
 Families: BATCHED lists the families whose prompts we build and whose decode runs in mlx-lm's
 BatchGenerator: qwen2_vl and qwen2_5_vl, both tested on tiny fixtures (tests/tiny_vlm.py). Other families need
 their own glue here (how the vision tower is called, positions, mlx-lm's twin); until then every other vision
-model mlx-vlm loads is recognised but not batched: the engine runs it one request at a time on mlx-vlm's own
-`generate_step` (phase 2). A quantized checkpoint's twin is quantized like the source (untested here).
+model mlx-vlm loads runs one request at a time on mlx-vlm's own generation loop (worker/vision_serial.py).
+A quantized checkpoint's twin is quantized like the source (untested here).
 """
 
 from __future__ import annotations
@@ -96,8 +98,11 @@ class VisionModel:
         self.config = config
         self.model_type = str(config["model_type"]).lower()
         self.tokenizer = getattr(processor, "tokenizer", processor)
-        self.image_token_id = int(getattr(model.config, "image_token_id", None) or config["image_token_id"])
+        token = getattr(model.config, "image_token_id", None) or config.get("image_token_id")
+        self.image_token_id = int(token) if token is not None else -1  # -1: placed by the processor (serial)
         self.features: FeatureCache[ImageFeatures] = FeatureCache()
+        self.batched = is_batched(self.model_type)
+        """Whether the engine decodes it in BatchGenerator; False runs it on vision_serial.py (tests force it)."""
         self._decode_model: Any = None
 
     @classmethod
@@ -167,14 +172,7 @@ class VisionModel:
 
         `images` are the decoded image parts in prompt order (worker/images.image_urls).
         """
-        template_messages, cont = _template_messages(messages)
-        try:
-            text = self.processor.apply_chat_template(
-                template_messages, add_generation_prompt=not cont, continue_final_message=cont, tokenize=False
-            )
-        except Exception as exc:  # jinja raises for roles or orders a template does not support
-            raise PromptError("chat_template_error", f"the chat template rejected these messages: {exc}") from exc
-        ids = list(self.tokenizer(text)["input_ids"])
+        ids = list(self.tokenizer(template_text(self, messages))["input_ids"])
         counts = [self.image_tokens(im) for im in images]
         try:
             tokens, starts = expand_image_tokens(ids, self.image_token_id, counts)
@@ -199,10 +197,21 @@ class VisionModel:
         It is what BatchGenerator runs: token ids in, logits out, 1-D RoPE at each row's cache offset.
         """
         if self._decode_model is None:
-            if not is_batched(self.model_type):
+            if self.model_type not in BATCHED:
                 raise ValueError(f"{self.model_type} is not decoded in mlx-lm's BatchGenerator; run it unbatched")
             self._decode_model = _twin(self.model.language_model, self.config, BATCHED[self.model_type])
         return self._decode_model
+
+
+def template_text(vm: VisionModel, messages: Sequence[dict[str, Any]]) -> str:
+    """The processor's chat template over the messages, one image placeholder per image part."""
+    template_messages, cont = _template_messages(messages)
+    try:
+        return vm.processor.apply_chat_template(
+            template_messages, add_generation_prompt=not cont, continue_final_message=cont, tokenize=False
+        )
+    except Exception as exc:  # jinja raises for roles or orders a template does not support
+        raise PromptError("chat_template_error", f"the chat template rejected these messages: {exc}") from exc
 
 
 def _template_messages(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:

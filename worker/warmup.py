@@ -118,7 +118,7 @@ class WarmUps:
             {len(suffix) - 1} | {d.depth - 1 - s for d in t.derived if d.depth > s}
             for (t, _), s, suffix in zip(todo, starts, suffixes, strict=True)
         ]
-        computed = self.backend.prefill(bases, suffixes, want)
+        computed = self.backend.prefill(bases, suffixes, want, [by_node[t.node].prompt for t, _ in todo])
         for (task, base), s, suffix, (caches, logits) in zip(todo, starts, suffixes, computed, strict=True):
             w = by_node[task.node]
             entry = self.cache.add(
