@@ -41,10 +41,6 @@ __all__ = ["Choice", "Control", "Engine", "EngineConfig", "ItemResult", "RunStat
 log = logging.getLogger(__name__)
 
 
-def _wants_lp(seq: SequenceState) -> bool:
-    return seq.extra is not None and seq.extra.wants_logprobs
-
-
 class Control(enum.Enum):
     RUN = "run"
     DRAIN = "drain"  # admit nothing new; let in-flight requests finish
@@ -301,7 +297,7 @@ class Engine:
         if not pending:
             return
         outputs = run.batch.first_tokens([p.row for p in pending])
-        self.outputs.collect([(p.seq.extra, o) for p, o in zip(pending, outputs, strict=True) if _wants_lp(p.seq)])
+        self.outputs.collect([(p.seq, o) for p, o in zip(pending, outputs, strict=True)])
         for p, out in zip(pending, outputs, strict=True):
             run.stats.generation_tokens += len(out.tokens)
             reason = p.seq.consume(out.tokens, out.finish)
@@ -323,7 +319,7 @@ class Engine:
     def _collect(self, run: _Run, outputs: list[RowOutput]) -> None:
         """Hand each row's tokens to its sequence; finish the sequences that ended, and commit their items."""
         active, stopped, generated = run.active, [], 0
-        self.outputs.collect([(s.extra, o) for o in outputs if (s := active.get(o.row)) is not None and _wants_lp(s)])
+        self.outputs.collect([(active.get(o.row), o) for o in outputs])
         for out in outputs:
             seq = active.get(out.row)
             if seq is None:

@@ -151,13 +151,17 @@ class Outputs:
             self._batch = BatchLogits(self.grammar()[0])
         return self._batch.apply(logits, [p.row if p is not None else None for p in parts], tokens)
 
-    def collect(self, rows: Sequence[tuple[ChoiceOutputs, Any]]) -> None:
+    def collect(self, rows: Sequence[tuple[Any, Any]]) -> None:
         """Append each row's new tokens' logprobs (model's own, before any processor), one evaluation for all.
 
-        `rows`: (choice extras, the backend's RowOutput) for the rows that want logprobs this step.
+        `rows`: (its SequenceState or None, the backend's RowOutput) for a step's rows; those whose requests
+        want no logprobs are skipped.
         """
         vectors, tokens, top, owners = [], [], [], []
-        for co, out in rows:
+        for seq, out in rows:
+            co = seq.extra if seq is not None else None
+            if co is None or not co.wants_logprobs:
+                continue
             for token, lp in zip(out.tokens, out.logprobs, strict=True):
                 raw = co.logits.tap.take(co.position) if co.logits.tap is not None else None
                 vectors.append(raw if raw is not None else lp)
