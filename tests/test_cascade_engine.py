@@ -226,3 +226,24 @@ def test_the_cuda_path_with_its_kernels_references(
     assert calls["cascade"] > 0
     assert run_job(wide, prompts, use=False, batch=8) == today
     assert calls["ragged"] > 0
+
+
+def test_fused_prefill_of_one_group_equals_todays_path(
+    tiny_loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPUs prefill a window whose rows all continue the same levels through mlx's fused attention over the levels
+    (broadcast for the layer) and the own keys (cascade._prefill_fused); forced here on the CPU."""
+    calls = Counter[str]()
+    real = cascade._prefill_fused
+
+    def spy(*args: Any) -> mx.array:
+        calls["fused"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(cascade, "FUSED_PREFILL", "1")
+    monkeypatch.setattr(cascade, "_prefill_fused", spy)
+    prompts = job_prompts(seed=3)
+    on = run_job(tiny_loaded, prompts, use=True, batch=4)
+    assert calls["fused"] > 0
+    monkeypatch.setattr(cascade, "FUSED_PREFILL", "0")
+    assert on == run_job(tiny_loaded, prompts, use=False, batch=4)

@@ -45,6 +45,9 @@ SCORE_BUDGET = 1 << 26
 COMPILE = os.environ.get("OMLX_JOBS_CASCADE_COMPILE", "1") != "0"
 """Compile the mx-ops path on GPUs (Metal, CUDA); OMLX_JOBS_CASCADE_COMPILE=0 runs it op by op."""
 
+FUSED_PREFILL = os.environ.get("OMLX_JOBS_CASCADE_FUSED_PREFILL", "auto")
+"""Prefill chunks of one prefix group through mlx's fused attention: "auto" on GPUs, "1" everywhere, "0" never."""
+
 _state = threading.local()
 
 
@@ -208,6 +211,8 @@ def attention(
         flat = [x for lv in levels for x in (lv.keys, lv.values, lv.rows, lv.slot, lv.member) if x is not None]
         o, lse = step(q, *own, *flat)
         return o.astype(q.dtype) if kernel is None else kernel(q, k, v, start, o, lse, scale)
+    if _fused_prefill(levels):
+        return _prefill_fused(q, k, v, levels, scale, mask)
     longest = max([k.shape[2], *(lv.keys.shape[2] for lv in levels)])
     step_n = max(1, SCORE_BUDGET // max(1, b * h * longest))
     outs = []
@@ -218,6 +223,33 @@ def attention(
         outs.append(merge(parts)[0])
     out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
     return out.astype(q.dtype)
+
+
+def _fused_prefill(levels: Sequence[Level]) -> bool:
+    """Whether a prefill chunk goes through mlx's fused attention: on GPUs (or when forced), when every row
+    continues every level (the rows of one prefix group: what a prefill window holds)."""
+    if FUSED_PREFILL == "0" or not all(lv.rows is None for lv in levels):
+        return False
+    return FUSED_PREFILL == "1" or mx.default_device() != mx.cpu
+
+
+def _prefill_fused(
+    q: mx.array, k: mx.array, v: mx.array, levels: Sequence[Level], scale: float, mask: mx.array | None
+) -> mx.array:
+    """A prefill chunk in one mx.fast.scaled_dot_product_attention call over the levels' keys (broadcast to the
+    rows, for this layer only: freed once it is computed) followed by the rows' own keys; the levels are visible
+    to every query. The cache still holds one copy of each level."""
+    b = q.shape[0]
+    keys = [mx.broadcast_to(lv.keys, (b, *lv.keys.shape[1:])) for lv in levels]
+    values = [mx.broadcast_to(lv.values, (b, *lv.values.shape[1:])) for lv in levels]
+    if mask is not None:
+        while mask.ndim < 4:
+            mask = mask[None]
+        shared = sum(lv.keys.shape[2] for lv in levels)
+        mask = mx.concatenate([mx.ones((*mask.shape[:-1], shared), dtype=mx.bool_), mask.astype(mx.bool_)], axis=-1)
+    keys_all = mx.concatenate([*keys, k], axis=2)
+    values_all = mx.concatenate([*values, v], axis=2)
+    return mx.fast.scaled_dot_product_attention(q, keys_all, values_all, scale=scale, mask=mask)
 
 
 _decode_steps: dict[tuple[Any, ...], Callable[..., Any]] = {}
