@@ -239,26 +239,41 @@ def serve(
             return 3
         if (worker is not None and worker._stop_requested) or context.stopping:
             return 0
-        try:
-            redis.ping()
-            if burst and all(
-                _nothing_left(context, redis, q, grace=heartbeat_ttl / 2) for q in priority_queues(queue_name)
-            ):
-                return 0
-            delay = 1.0
-            time.sleep(1.0)  # a shard still runs elsewhere (burst), or the loop quit on an error: not a busy loop
-        except RedisError as exc:
-            log.warning("Redis unreachable (%s); retrying in %.0fs", exc, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, max_wait)
-        except StopRequested:
-            return 0
-        except StoreError as exc:
-            log.error("stopped: %s", exc)
-            return 3
+        code, delay = _between_loops(context, queue_name, burst, heartbeat_ttl, delay, max_wait)
+        if code is not None:
+            return code
         if context.stopping:
             return 0
         name = None  # a new registration: the old one may linger until it expires
+
+
+def _between_loops(
+    context: WorkerContext, queue_name: str, burst: bool, heartbeat_ttl: int, delay: float, max_wait: float
+) -> tuple[int | None, float]:
+    """After a work loop ended: the exit code if the worker should stop (burst and nothing left, a stop signal,
+    the store gone), else None and the next backoff, having waited (1 s, or the backoff while Redis is down)."""
+    redis = context.redis
+    pause = 1.0  # a shard still runs elsewhere (burst), or the loop quit on an error: not a busy loop
+    try:
+        redis.ping()
+        if burst and all(
+            _nothing_left(context, redis, q, grace=heartbeat_ttl / 2) for q in priority_queues(queue_name)
+        ):
+            return 0, delay
+        delay = 1.0
+    except RedisError as exc:
+        log.warning("Redis unreachable (%s); retrying in %.0fs", exc, delay)
+        pause, delay = delay, min(delay * 2, max_wait)
+    except StopRequested:
+        return 0, delay
+    except StoreError as exc:
+        log.error("stopped: %s", exc)
+        return 3, delay
+    try:  # outside the handlers above: a signal while waiting for Redis is a clean stop too
+        time.sleep(pause)
+    except StopRequested:
+        return 0, delay
+    return None, delay
 
 
 def _release(worker: OmlxWorker) -> None:
