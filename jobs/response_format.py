@@ -132,8 +132,14 @@ def check_schema(schema_json: str) -> tuple[str, str, str] | None:
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if not messages:
         return None
-    text = messages[0].splitlines()[0]
-    schema = json.loads(schema_json)
+    lines = [line.strip() for line in messages[0].splitlines() if line.strip()]
+    text, schema = lines[0], json.loads(schema_json)
+    if text.startswith("regex parse error") and len(lines) > 1:  # the pattern, a caret, then what is wrong
+        return (
+            "invalid_schema",
+            _find_keyword(schema, "pattern", lines[1]) or "",
+            f"has a pattern that is not a valid regular expression: {lines[1]!r}: {lines[-1].removeprefix('error: ')}",
+        )
     unimplemented = re.match(r"Unimplemented keys: \[(.*)\]", text)
     if unimplemented:
         keys = json.loads(f"[{unimplemented.group(1)}]")

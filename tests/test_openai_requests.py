@@ -310,10 +310,16 @@ def test_response_format_rules() -> None:
         (js(name="a", schema={"type": "string", "format": "isbn"}), f"{where}.schema.format", "unsupported_schema"),
         (js(name="a", schema={"type": "integer", "minimum": 5, "maximum": 1}), f"{where}.schema", "invalid_schema"),
         (js(name="a", schema=unique), f"{where}.schema.$defs.x.uniqueItems", "unsupported_schema"),
+        (
+            js(name="a", schema={"properties": {"p": {"pattern": "(("}}}),
+            f"{where}.schema.properties.p.pattern",
+            "invalid_schema",
+        ),
     ]
     for rf, field, code in cases:
         err = _error(CHAT_URL, {"messages": MESSAGES, "response_format": rf})
         assert (err.field, err.code) == (field, code), str(err)
+    assert "unclosed group" in err.message, "the regex error says what is wrong, not only 'regex parse error:'"
     err = _error(CHAT_URL, {"messages": MESSAGES, "response_format": {"type": "json_object"}, "stop": ["}"]})
     assert (err.field, err.code) == ("body.stop", "conflicting_fields") and "cut the JSON" in err.message
     err = _error(COMPLETIONS_URL, {"prompt": "a", "response_format": {"type": "json_object"}})
