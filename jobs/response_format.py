@@ -128,7 +128,10 @@ def check_schema(schema_json: str) -> tuple[str, str, str] | None:
     """None if the grammar compiler accepts the schema, else (code, path inside the schema, message)."""
     import llguidance
 
-    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_json, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_json, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
+    except ValueError as exc:  # serde_json's nesting limit (128 levels) is raised, not reported
+        return ("invalid_schema", "", f"cannot be read by the grammar compiler ({exc}); nest it less deeply")
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if not messages:
         return None

@@ -320,6 +320,11 @@ def test_response_format_rules() -> None:
         err = _error(CHAT_URL, {"messages": MESSAGES, "response_format": rf})
         assert (err.field, err.code) == (field, code), str(err)
     assert "unclosed group" in err.message, "the regex error says what is wrong, not only 'regex parse error:'"
+    deep: dict[str, Any] = {"type": "string"}
+    for _ in range(200):
+        deep = {"type": "array", "items": deep}
+    err = _error(CHAT_URL, {"messages": MESSAGES, "response_format": js(name="a", schema=deep)})
+    assert (err.field, err.code) == (f"{where}.schema", "invalid_schema") and "nest it less deeply" in err.message
     err = _error(CHAT_URL, {"messages": MESSAGES, "response_format": {"type": "json_object"}, "stop": ["}"]})
     assert (err.field, err.code) == ("body.stop", "conflicting_fields") and "cut the JSON" in err.message
     err = _error(COMPLETIONS_URL, {"prompt": "a", "response_format": {"type": "json_object"}})
