@@ -734,8 +734,8 @@ def serve(
 
 @cli.command()
 @engine_options
-@click.option("--queue", help="Queue to serve (default omlx:<model>).")
-@click.option("--burst", is_flag=True, help="Exit when the queue is empty.")
+@click.option("--queue", help="Queue to serve (default omlx:<model>), with its :high and :low queues, high first.")
+@click.option("--burst", is_flag=True, help="Exit when its queues are empty.")
 @click.option(
     "--drain-timeout",
     default=defaults.DRAIN_TIMEOUT,

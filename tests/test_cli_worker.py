@@ -212,6 +212,12 @@ def test_help_explains_every_command() -> None:
         assert name in result.output
     result = CliRunner().invoke(cli, ["submit", "--help"])
     assert "--skip-invalid" in result.output and "--wait" in result.output
+    assert "--priority" in result.output and "--allow-files-from" in result.output
+    for command in ("submit", "run", "worker"):
+        out = " ".join(CliRunner().invoke(cli, [command, "--help"]).output.split())
+        assert "--allow-files-from DIR" in out and "--allow-remote-images" in out, command
+    worker = " ".join(CliRunner().invoke(cli, ["worker", "--help"]).output.split())
+    assert ":high and :low queues, high first" in worker, "a worker serves every priority of its queue"
 
 
 def test_submit_wait_returns_when_a_worker_finishes(tmp_path: Path, env: dict[str, str], tiny_model_dir: Path) -> None:
