@@ -253,7 +253,8 @@ def test_logit_bias_normalizes_ids_and_checks_values() -> None:
     assert OutputParams.from_body(body).logit_bias == ((7, 5.0), (50256, -100.0))
     assert "logit_bias" not in _body(CHAT_URL, logit_bias={})
     for bad, code in (({"-1": 1}, "invalid_value"), ({"1.5": 1}, "invalid_value"), ({"1": "x"}, "invalid_type"),
-                      ({"1": float("nan")}, "invalid_json"), ([1], "invalid_type")):  # fmt: skip
+                      ({"1": float("nan")}, "invalid_json"), ([1], "invalid_type"),
+                      ({"7": 1, "007": 2}, "invalid_value")):  # fmt: skip
         line = json.dumps({"messages": MESSAGES, "logit_bias": bad})  # NaN: written as the bare word
         with pytest.raises(InvalidLine) as info:
             parse_line(line, 1)
