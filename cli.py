@@ -734,8 +734,8 @@ def serve(
 
 @cli.command()
 @engine_options
-@click.option("--queue", help="Queue to serve (default omlx:<model>).")
-@click.option("--burst", is_flag=True, help="Exit when the queue is empty.")
+@click.option("--queue", help="Queue to serve (default omlx:<model>), with its :high and :low queues, high first.")
+@click.option("--burst", is_flag=True, help="Exit when its queues are empty.")
 @click.option(
     "--drain-timeout",
     default=defaults.DRAIN_TIMEOUT,
@@ -883,6 +883,12 @@ def _run_local(store: Any, engine: Any, job_id: str) -> None:
         except KeyboardInterrupt:
             click.echo(f"interrupted; finished results are stored. Continue with --resume {job_id}", err=True)
             sys.exit(130)
+        except Exception as exc:  # a fault of ours, not of the input: one line, and what was done is kept
+            logging.getLogger(__name__).debug("run of %s failed", job_id, exc_info=True)
+            _fail(
+                f"the engine failed ({type(exc).__name__}: {exc}); finished results are stored. Continue with "
+                f"--resume {job_id}, or run with -vv to see where"
+            )
     status = lifecycle.finalize_if_done(store, job_id)
     summary = lifecycle.summarize(store.get_job(job_id), store.counts(job_id))
     click.echo(_fmt_status(summary), err=True)

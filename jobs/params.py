@@ -215,7 +215,10 @@ def _check_logit_bias(name: str, value: Any) -> dict[str, float] | object:
                 f"{name}.{key}",
                 f'keys are token ids written as strings of digits, like "50256"; got {shown(key)}',
             )
-        out[str(int(key))] = _check_float(f"{name}.{key}", bias, -100.0, 100.0)
+        token = str(int(key))
+        if token in out:  # "7" and "007": one would silently replace the other
+            raise BadValue("invalid_value", f"{name}.{key}", f"names token id {token} twice; give each id once")
+        out[token] = _check_float(f"{name}.{key}", bias, -100.0, 100.0)
     return out or DEFAULT
 
 

@@ -40,7 +40,9 @@ def parse_content(value: Any, name: str, role: str, access: img.ImageAccess) -> 
         elif kind == "image_url":
             if role != "user":
                 raise BadValue(
-                    "unsupported_content", f"{here}.type", f"images go in user messages, not in a {role} message"
+                    "unsupported_content",
+                    f"{here}.type",
+                    f"images go in user messages, not in {'an' if role[0] in 'aeiou' else 'a'} {role} message",
                 )
             parts.append(_image_part(part, here, access))
         elif kind is None:

@@ -128,12 +128,21 @@ def check_schema(schema_json: str) -> tuple[str, str, str] | None:
     """None if the grammar compiler accepts the schema, else (code, path inside the schema, message)."""
     import llguidance
 
-    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_json, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_json, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
+    except ValueError as exc:  # serde_json's nesting limit (128 levels) is raised, not reported
+        return ("invalid_schema", "", f"cannot be read by the grammar compiler ({exc}); nest it less deeply")
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if not messages:
         return None
-    text = messages[0].splitlines()[0]
-    schema = json.loads(schema_json)
+    lines = [line.strip() for line in messages[0].splitlines() if line.strip()]
+    text, schema = lines[0], json.loads(schema_json)
+    if text.startswith("regex parse error") and len(lines) > 1:  # the pattern, a caret, then what is wrong
+        return (
+            "invalid_schema",
+            _find_keyword(schema, "pattern", lines[1]) or "",
+            f"has a pattern that is not a valid regular expression: {lines[1]!r}: {lines[-1].removeprefix('error: ')}",
+        )
     unimplemented = re.match(r"Unimplemented keys: \[(.*)\]", text)
     if unimplemented:
         keys = json.loads(f"[{unimplemented.group(1)}]")

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -212,6 +213,12 @@ def test_help_explains_every_command() -> None:
         assert name in result.output
     result = CliRunner().invoke(cli, ["submit", "--help"])
     assert "--skip-invalid" in result.output and "--wait" in result.output
+    assert "--priority" in result.output and "--allow-files-from" in result.output
+    for command in ("submit", "run", "worker"):
+        out = " ".join(CliRunner().invoke(cli, [command, "--help"]).output.split())
+        assert "--allow-files-from DIR" in out and "--allow-remote-images" in out, command
+    worker = " ".join(CliRunner().invoke(cli, ["worker", "--help"]).output.split())
+    assert ":high and :low queues, high first" in worker, "a worker serves every priority of its queue"
 
 
 def test_submit_wait_returns_when_a_worker_finishes(tmp_path: Path, env: dict[str, str], tiny_model_dir: Path) -> None:
@@ -233,3 +240,22 @@ def test_submit_wait_returns_when_a_worker_finishes(tmp_path: Path, env: dict[st
     finally:
         worker.terminate()  # SIGTERM: an idle worker exits at once
         assert worker.wait(timeout=60) == 0, worker.stderr.read()[-2000:] if worker.stderr else ""
+
+
+def test_run_reports_an_engine_fault_in_one_line(tmp_path: Path, tiny_model_dir: Path, monkeypatch: Any) -> None:
+    """A fault inside the engine (a bug of ours) ends `run` with one line naming it and --resume, not a traceback."""
+    from omlx_jobs.worker import shard
+
+    def broken(*args: Any, **kw: Any) -> None:
+        raise AttributeError("'SerialEngine' object has no attribute 'outputs'")
+
+    monkeypatch.setattr(shard, "run_shard", broken)
+    write_mixed(tmp_path / "in.jsonl", 2)
+    env = {"OMLX_JOBS_DB": str(tmp_path / "jobs.db"), "OMLX_JOBS_HOME": str(tmp_path / "home")}
+    args = ["run", str(tmp_path / "in.jsonl"), "-m", str(tiny_model_dir), "-o", str(tmp_path / "out.jsonl")]
+    result = CliRunner().invoke(cli, args, env=env)
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert (
+        "error: the engine failed (AttributeError: 'SerialEngine'" in result.stderr
+        and "--resume batch_" in result.stderr
+    )

@@ -229,7 +229,8 @@ def test_part_structure(part: dict[str, Any], field: str, code: str) -> None:
 def test_images_only_in_user_messages() -> None:
     field, code, message = error(line(image(data_uri(png_bytes())), role="system"))
     assert (field, code) == ("body.messages[0].content[0].type", "unsupported_content")
-    assert "user messages" in message
+    assert "user messages" in message and "not in a system message" in message
+    assert "not in an assistant message" in error(line(image(data_uri(png_bytes())), role="assistant"))[2]
 
 
 def test_parse_stream_passes_access_through(folder: Path) -> None:

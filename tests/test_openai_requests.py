@@ -253,7 +253,8 @@ def test_logit_bias_normalizes_ids_and_checks_values() -> None:
     assert OutputParams.from_body(body).logit_bias == ((7, 5.0), (50256, -100.0))
     assert "logit_bias" not in _body(CHAT_URL, logit_bias={})
     for bad, code in (({"-1": 1}, "invalid_value"), ({"1.5": 1}, "invalid_value"), ({"1": "x"}, "invalid_type"),
-                      ({"1": float("nan")}, "invalid_json"), ([1], "invalid_type")):  # fmt: skip
+                      ({"1": float("nan")}, "invalid_json"), ([1], "invalid_type"),
+                      ({"7": 1, "007": 2}, "invalid_value")):  # fmt: skip
         line = json.dumps({"messages": MESSAGES, "logit_bias": bad})  # NaN: written as the bare word
         with pytest.raises(InvalidLine) as info:
             parse_line(line, 1)
@@ -310,10 +311,21 @@ def test_response_format_rules() -> None:
         (js(name="a", schema={"type": "string", "format": "isbn"}), f"{where}.schema.format", "unsupported_schema"),
         (js(name="a", schema={"type": "integer", "minimum": 5, "maximum": 1}), f"{where}.schema", "invalid_schema"),
         (js(name="a", schema=unique), f"{where}.schema.$defs.x.uniqueItems", "unsupported_schema"),
+        (
+            js(name="a", schema={"properties": {"p": {"pattern": "(("}}}),
+            f"{where}.schema.properties.p.pattern",
+            "invalid_schema",
+        ),
     ]
     for rf, field, code in cases:
         err = _error(CHAT_URL, {"messages": MESSAGES, "response_format": rf})
         assert (err.field, err.code) == (field, code), str(err)
+    assert "unclosed group" in err.message, "the regex error says what is wrong, not only 'regex parse error:'"
+    deep: dict[str, Any] = {"type": "string"}
+    for _ in range(200):
+        deep = {"type": "array", "items": deep}
+    err = _error(CHAT_URL, {"messages": MESSAGES, "response_format": js(name="a", schema=deep)})
+    assert (err.field, err.code) == (f"{where}.schema", "invalid_schema") and "nest it less deeply" in err.message
     err = _error(CHAT_URL, {"messages": MESSAGES, "response_format": {"type": "json_object"}, "stop": ["}"]})
     assert (err.field, err.code) == ("body.stop", "conflicting_fields") and "cut the JSON" in err.message
     err = _error(COMPLETIONS_URL, {"prompt": "a", "response_format": {"type": "json_object"}})

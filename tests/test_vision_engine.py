@@ -15,10 +15,13 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_vlm")
 
+from omlx_jobs.errors import ErrorCode  # noqa: E402
 from omlx_jobs.jobs.formats import CHAT_URL, COMPLETIONS_URL, SamplingParams  # noqa: E402
 from omlx_jobs.jobs.images import ImageAccess  # noqa: E402
+from omlx_jobs.jobs.params import OutputParams  # noqa: E402
 from omlx_jobs.worker import model as model_mod  # noqa: E402
 from omlx_jobs.worker.engine import Engine, EngineConfig, ItemResult, WorkItem  # noqa: E402
+from omlx_jobs.worker.model import PromptError  # noqa: E402
 from omlx_jobs.worker.prompts import common_prefix  # noqa: E402
 from omlx_jobs.worker.vision_engine import TemplatePrompt, VisionLoaded, vision_prompt  # noqa: E402
 from omlx_jobs.worker.vision_prefill import prefill  # noqa: E402
@@ -246,6 +249,23 @@ def test_serial_fallback_equals_single_request_mlx_vlm(loaded: VisionLoaded) -> 
     assert [results[i].choices[0].token_ids for i in range(5)] == expected
     assert [results[i].prompt_tokens for i in range(5)] == batched_lengths  # image tokens counted
     assert all(r.cached_tokens == 0 for r in results.values()) and stats.generation_tokens > 0
+
+
+def test_serial_fallback_fails_extras_it_cannot_give_alone(loaded: VisionLoaded) -> None:
+    """The shard runner checks every request with its engine's check: on the serial engine that raised
+    AttributeError (no Outputs) for every request, and extras it cannot give must fail that request alone."""
+    serial = VisionLoaded(**{**loaded.__dict__, "model": loaded.vision.model})
+    serial.vision = copy.copy(loaded.vision)
+    serial.vision.batched = False
+    engine, params = SerialEngine(serial), SamplingParams()
+    engine.check([1, 2, 3], params, OutputParams())  # nothing asked beyond sampling: runs
+    for asked in ({"logprobs": True}, {"logit_bias": ((5, 1.0),)}, {"echo": True}):
+        with pytest.raises(PromptError) as err:
+            engine.check([1, 2, 3], params, OutputParams(**asked))
+        assert err.value.code is ErrorCode.UNSUPPORTED_PARAMETER and next(iter(asked)) in err.value.message
+    with pytest.raises(PromptError) as err:
+        engine.check(list(range(5000)), params, OutputParams())
+    assert err.value.code is ErrorCode.CONTEXT_LENGTH_EXCEEDED
 
 
 @pytest.mark.parametrize("prefix_cache", [True, False])

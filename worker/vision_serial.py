@@ -15,8 +15,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from omlx_jobs.errors import ErrorCode
+from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.worker.engine import Control, Engine, EngineConfig
-from omlx_jobs.worker.model import LoadedModel
+from omlx_jobs.worker.model import LoadedModel, PromptError
 from omlx_jobs.worker.prefix_cache import PrefixCache
 from omlx_jobs.worker.results import Choice, ItemResult, PlanTotals, RunStats
 from omlx_jobs.worker.sampling import SamplerFactory
@@ -30,7 +32,6 @@ log = logging.getLogger(__name__)
 class SerialEngine:
     """What the shard runner asks of an Engine, one request at a time on mlx-vlm."""
 
-    check = Engine.check
     max_new_tokens = Engine.max_new_tokens
     prefix_enabled = False
 
@@ -47,6 +48,23 @@ class SerialEngine:
             loaded.ref,
             self.vm.model_type,
         )
+
+    def check(self, tokens: Sequence[int], params: Any, output: OutputParams | None = None) -> None:
+        """Engine.check, less the extras mlx-vlm's loop cannot give (no logits processors of ours, no logprobs,
+        no prompt scores): a request that asks for one fails alone, never silently without it."""
+        if output is not None and output != OutputParams():
+            asked = {
+                "response_format": output.response_format is not None,
+                "logit_bias": bool(output.logit_bias),
+                "logprobs": output.logprobs,
+                "echo": output.echo,
+            }
+            raise PromptError(
+                ErrorCode.UNSUPPORTED_PARAMETER,
+                f"{', '.join(k for k, on in asked.items() if on)} cannot run on {self.vm.model_type}, which runs one "
+                "request at a time on mlx-vlm here; drop it, or use a Qwen2-VL / Qwen2.5-VL model",
+            )
+        Engine.check(self, tokens, params)  # type: ignore[arg-type]
 
     def run(
         self,
