@@ -180,3 +180,17 @@ def test_plot_buckets_are_round_and_bounded() -> None:
     assert bucket_seconds(10 * 86400, 60) == 3600 * 4
     for span in (1, 59, 600, 7200, 86400):
         assert span / bucket_seconds(span, 60) <= 60
+
+
+def test_the_server_and_the_client_commands_never_import_mlx() -> None:
+    """DESIGN decision 7: `serve`, `submit`, `status` and the store work on a machine without MLX."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import omlx_jobs.api.app, omlx_jobs.cli, omlx_jobs.jobs.submit, omlx_jobs.store; "
+        "bad = sorted(m for m in sys.modules if m == 'mlx' or m.startswith(('mlx.', 'mlx_lm', 'mlx_vlm'))); "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
