@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,8 +27,11 @@ from omlx_jobs.jobs.queue import (
 from omlx_jobs.jobs.submit import LoadResult, load_job
 from omlx_jobs.store import Store
 from omlx_jobs.store.db import JobInfo
+from omlx_jobs.store.shards import ShardInfo
 
 RECONCILE_LOCK_SECONDS = 60
+IN_TRANSIT_SECONDS = 0.5
+"""How long reconcile waits before it looks again at shards it found nowhere in Redis (see reconcile)."""
 """A worker that dies while reconciling holds the lock this long at most."""
 
 
@@ -189,27 +193,36 @@ def reconcile(store: Store, redis: Redis, queue: str, *, grace: float = 0.0) -> 
             return Reconciled(deferred=True)
         done = Reconciled()
         live = live_shards(redis, queue)
-        live_bases = {shard_base_id(rq_id) for rq_id in live}
-        for job_id in store.jobs_with_pending(queue, [lifecycle.IN_PROGRESS, lifecycle.CANCELLING]):
-            job = store.get_job(job_id)
+        jobs = [store.get_job(j) for j in store.jobs_with_pending(queue, [lifecycle.IN_PROGRESS, lifecycle.CANCELLING])]
+        lost = {job.id: _lost_shards(store, job.id, live) for job in jobs if job.status != lifecycle.CANCELLING}
+        if any(lost.values()):
+            # A worker serving several queues (priorities) pops a shard with BLPOP: until it registers the shard
+            # as started, a few milliseconds later, the shard is nowhere in Redis. Look again before calling it lost.
+            time.sleep(IN_TRANSIT_SECONDS)
+            live = live_shards(redis, queue)
+            lost = {job_id: _lost_shards(store, job_id, live) for job_id in lost}
+        for job in jobs:
             if job.status == lifecycle.CANCELLING:
-                if not any(rq_id.startswith(f"{job_id}--") for rq_id in live):
-                    store.cancel_pending(job_id)
-                    lifecycle.finalize_if_done(store, job_id)
-                continue
-            suffix = f"-c{uuid.uuid4().hex[:8]}"
-            lost = [
-                Shard(job_id, s.first_pos, s.end_pos, suffix=suffix)
-                for s in store.shards(job_id, pending_only=True)
-                if Shard(job_id, s.first_pos, s.end_pos).rq_id not in live_bases
-            ]
-            if lost:
-                enqueue_shards(redis, queue, lost, timeout=shard_timeout_of(job))
-                done.requeued.append(job_id)
+                if not any(rq_id.startswith(f"{job.id}--") for rq_id in live):
+                    store.cancel_pending(job.id)
+                    lifecycle.finalize_if_done(store, job.id)
+            elif lost[job.id]:
+                suffix = f"-c{uuid.uuid4().hex[:8]}"
+                shards = [Shard(job.id, s.first_pos, s.end_pos, suffix=suffix) for s in lost[job.id]]
+                enqueue_shards(redis, queue, shards, timeout=shard_timeout_of(job))
+                done.requeued.append(job.id)
         return done
     finally:
         with contextlib.suppress(LockError):
             lock.release()
+
+
+def _lost_shards(store: Store, job_id: str, live: set[str]) -> list[ShardInfo]:
+    """The job's shards holding pending requests whose message is nowhere in Redis (`live`: live_shards)."""
+    bases = {shard_base_id(rq_id) for rq_id in live}
+    return [
+        s for s in store.shards(job_id, pending_only=True) if Shard(job_id, s.first_pos, s.end_pos).rq_id not in bases
+    ]
 
 
 def shard_base_id(rq_id: str) -> str:

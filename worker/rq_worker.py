@@ -62,6 +62,20 @@ class OmlxWorker(SimpleWorker):
         self.publish()
         return result
 
+    def unsubscribe(self) -> None:
+        """RQ's, but UNSUBSCRIBE only while subscribed. After a Redis restart the pubsub may not be subscribed yet,
+        and then redis-py sends the command after a health check that waits on the socket with no timeout: a
+        SIGTERM'd worker hung there (tests/test_faults.py). Unsubscribed, its thread stops by itself."""
+        thread, pubsub = self.pubsub_thread, self.pubsub
+        if thread:
+            log.info("unsubscribing from channel %s", self.pubsub_channel_name)
+            if pubsub.subscribed:
+                pubsub.unsubscribe()
+            thread.stop()
+            thread.join(timeout=1)
+            with contextlib.suppress(Exception):
+                pubsub.close()
+
     def publish(self) -> None:
         """Refresh this worker's record for `omlx-jobs workers` (jobs/workers.py); never fails the loop."""
         ctx = self.context
