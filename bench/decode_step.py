@@ -19,29 +19,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.models import load_bench_model
+from bench.steps import timed
 from omlx_jobs.worker import attention  # the worker package loads a fast BLAS before mlx
-
-
-def timed(fn: Callable[[], Any], iters: int) -> float:
-    """Milliseconds per call, each call evaluated before the next (as a decode loop does)."""
-    import mlx.core as mx
-
-    for _ in range(3):
-        mx.eval(fn())
-    mx.synchronize()
-    t = time.perf_counter()
-    for _ in range(iters):
-        mx.eval(fn())
-    mx.synchronize()
-    return (time.perf_counter() - t) / iters * 1000
 
 
 def batch_caches(model: Any, b: int, length: int, dtype: Any, padded: bool) -> list[Any]:

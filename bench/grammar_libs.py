@@ -35,6 +35,23 @@ import numpy as np
 SCHEMAS = json.loads((Path(__file__).parent.parent / "tests/data/schemas/schemas.json").read_text())["schemas"]
 
 
+def _summary(
+    init: float, cold: Any, cached: Any, consume: list[float], fill_par: list[float], fill_seq: list[float]
+) -> dict[str, Any]:
+    """One library's figures: tokenizer set-up, compile times, and per-step consume and mask-fill costs."""
+    return {
+        "tokenizer_init_ms": _ms(init),
+        "compile_cold_ms": cold,
+        "compile_cached_ms": cached,
+        "consume_ms_per_step": _ms(statistics.mean(consume)),
+        "fill_ms_per_step": {
+            "batch_parallel": _ms(statistics.mean(fill_par)),
+            "batch_parallel_p90": _ms(sorted(fill_par)[int(0.9 * len(fill_par))]),
+            "row_by_row": _ms(statistics.mean(fill_seq)),
+        },
+    }
+
+
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
 
@@ -125,17 +142,7 @@ def bench_llguidance(tokenizer_json: str, n_vocab: int, eos: list[int], sequence
         fill_seq.append(t_seq)
         errors = [m.get_error() for m in sets[0] + sets[1] if m.is_error()]
         assert not errors, errors[0][:300]
-    return {
-        "tokenizer_init_ms": _ms(init),
-        "compile_cold_ms": compile_cold,
-        "compile_cached_ms": compile_cached,
-        "consume_ms_per_step": _ms(statistics.mean(consume)),
-        "fill_ms_per_step": {
-            "batch_parallel": _ms(statistics.mean(fill_par)),
-            "batch_parallel_p90": _ms(sorted(fill_par)[int(0.9 * len(fill_par))]),
-            "row_by_row": _ms(statistics.mean(fill_seq)),
-        },
-    }
+    return _summary(init, compile_cold, compile_cached, consume, fill_par, fill_seq)
 
 
 # ---- xgrammar ---------------------------------------------------------------------------------------------
@@ -191,17 +198,7 @@ def bench_xgrammar(hf_tokenizer: Any, n_vocab: int, eos: list[int], sequences, a
         par, seq = sets if step % 2 == 0 else sets[::-1]
         fill_par.append(_time(lambda par=par: batch.batch_fill_next_token_bitmask(par, bitmask))[0])
         fill_seq.append(_time(lambda seq=seq: [m.fill_next_token_bitmask(bitmask, i) for i, m in enumerate(seq)])[0])
-    return {
-        "tokenizer_init_ms": _ms(init),
-        "compile_cold_ms": compile_cold,
-        "compile_cached_ms": compile_cached,
-        "consume_ms_per_step": _ms(statistics.mean(consume)),
-        "fill_ms_per_step": {
-            "batch_parallel": _ms(statistics.mean(fill_par)),
-            "batch_parallel_p90": _ms(sorted(fill_par)[int(0.9 * len(fill_par))]),
-            "row_by_row": _ms(statistics.mean(fill_seq)),
-        },
-    }
+    return _summary(init, compile_cold, compile_cached, consume, fill_par, fill_seq)
 
 
 # ---- outlines-core ----------------------------------------------------------------------------------------

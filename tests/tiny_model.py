@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -31,6 +32,24 @@ _CORPUS = [
 ]
 
 
+def train_tokenizer(path: Path, vocab_size: int, special_tokens: list[str], corpus: list[str]) -> Any:
+    """A byte-level BPE tokenizer trained on `corpus`, saved as path/tokenizer.json (tiny_vlm.py uses it too)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=special_tokens,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus * 4, trainer=trainer)
+    tokenizer.save(str(path / "tokenizer.json"))
+    return tokenizer
+
+
 def build_tiny_model(
     path: Path | str,
     *,
@@ -48,22 +67,11 @@ def build_tiny_model(
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.models import qwen3
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    tokenizer.save(str(path / "tokenizer.json"))
+    tokenizer = train_tokenizer(path, vocab_size, SPECIAL_TOKENS, _CORPUS)
     real_vocab = tokenizer.get_vocab_size()
     eos_id = tokenizer.token_to_id("<|im_end|>")
 

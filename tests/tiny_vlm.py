@@ -239,19 +239,9 @@ def _sections(half: int) -> list[int]:
 
 
 def _write_tokenizer(path: Path, vocab_size: int, context_length: int, model_vocab: int | None) -> dict[str, int]:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tests.tiny_model import train_tokenizer
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    tokenizer.save(str(path / "tokenizer.json"))
+    tokenizer = train_tokenizer(path, vocab_size, SPECIAL_TOKENS, _CORPUS)
     real = tokenizer.get_vocab_size()
     if model_vocab and model_vocab > real:
         data = json.loads((path / "tokenizer.json").read_text())
