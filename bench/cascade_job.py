@@ -3,7 +3,9 @@
 One preamble (a document or system prompt) of --preamble tokens, then --questions requests, each the preamble
 followed by its own --question-tokens random tokens; --max-tokens out, EOS ignored everywhere. Side by side:
   cascade      omlx-jobs, whole job (store rows -> every result stored), rows reference the cached preamble
-  off          the same with cascade off (as OMLX_JOBS_CASCADE=0): each row holds a copy of the preamble (today's path)
+  off          the same with cascade off (as OMLX_JOBS_CASCADE=0): each row holds a copy of the preamble
+  today        off, and on the CPU also without worker/cpu_prefill.py (OMLX_JOBS_CPU_PREFILL=0): the engine as it
+               was before cascade attention (on GPUs the same as off, which it then need not be run beside)
   bg           mlx_lm.batch_generate on the same prompts and batch sizes
 Each runs in a process of its own (after a small unmeasured job that compiles its kernels), so that its peak
 memory is its own: on a GPU mx.get_peak_memory() of the measured job, on the CPU the process's peak RSS (model
@@ -35,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import omlx_jobs.worker  # fast BLAS before mlx
 
-RUNS = ("cascade", "off", "bg")
+RUNS = ("cascade", "off", "today", "bg")
 
 
 def prompts_for(vocab: int, preamble: int, questions: int, question_tokens: int, seed: int = 0) -> list[list[int]]:
@@ -111,6 +113,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 def spawn(args: argparse.Namespace, run: str) -> dict[str, Any]:
     argv = [sys.executable, __file__, *sys.argv[1:], "--child", run]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    if run == "today":
+        env["OMLX_JOBS_CPU_PREFILL"] = "0"
     out = subprocess.run(argv, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         print(f"-- {run} failed (exit {out.returncode}):\n{out.stderr[-3000:]}", flush=True)
@@ -139,11 +143,12 @@ def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
     by = {r["run"]: r for r in rows if "error" not in r}
     ratios: dict[str, float] = {}
     c = by.get("cascade")
-    for other in ("off", "bg"):
+    for other in ("off", "today", "bg"):
         if c and other in by:
             ratios[f"wall_{other}_over_cascade"] = round(by[other]["seconds"] / c["seconds"], 2)
-    if c and "off" in by and c.get("decode_s"):
-        ratios["decode_off_over_cascade"] = round(by["off"]["decode_s"] / c["decode_s"], 2)
+    for other in ("off", "today"):
+        if c and other in by and c.get("decode_s"):
+            ratios[f"decode_{other}_over_cascade"] = round(by[other]["decode_s"] / c["decode_s"], 2)
     print("ratios:", ratios)
     return ratios
 
@@ -159,7 +164,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--prefill-batch-size", type=int, default=8)
     ap.add_argument("--min-shared-tokens", type=int, default=16)
-    ap.add_argument("--runs", default=",".join(RUNS), help="any of cascade,off,bg")
+    ap.add_argument("--runs", default="cascade,off,bg", help="any of cascade,off,today,bg")
     ap.add_argument(
         "--warm",
         choices=("small", "job"),

@@ -6,8 +6,9 @@ Side by side in one run, for each row count R (a shared prefix of P tokens plus 
               mlx-lm's masked attention elsewhere
   today S     the same at S tokens (default 128): the goal is cascade at P shared <= 1.3x this
   cascade     CascadeKVCache (worker/cascade_cache.py): one copy of the prefix, O own tokens per row;
-              mx ops ("mx", compiled on GPUs; "eager": op by op), and on CUDA with the suffix kernel
-              ("kernel", worker/cascade_kernel.py)
+              mx ops ("mx", compiled on GPUs; "eager": op by op), on CUDA with the suffix kernel
+              ("kernel", worker/cascade_kernel.py), and on GPUs through mlx's fused attention with the rows
+              along the query axis ("fused", worker/cascade_fused.py: cuDNN on CUDA; the default there)
   admit       admitting requests that share the prefix: today each gets a copy of it, cascade references it
   check       (CUDA) the cascade kernel against its mx-ops reference, and cascade attention against
               mx.fast attention over each row's concatenated keys, head sizes 64/96/128/256, fp32 and bf16
@@ -31,7 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.models import load_bench_model
 from bench.steps import floor, graph_nodes, own_caches, random_array, timed
-from omlx_jobs.worker import attention, cascade, cascade_kernel  # the worker package loads a fast BLAS first
+from omlx_jobs.worker import (  # the worker package loads a fast BLAS first
+    attention,
+    cascade,
+    cascade_fused,
+    cascade_kernel,
+)
 from omlx_jobs.worker.cascade_cache import CascadeKVCache, Segment
 
 
@@ -87,15 +93,28 @@ def _eager() -> Any:
         cascade.COMPILE = previous
 
 
+@contextlib.contextmanager
+def _fused_decode(value: str) -> Any:
+    previous, cascade_fused.FUSED_DECODE = cascade_fused.FUSED_DECODE, value
+    try:
+        yield
+    finally:
+        cascade_fused.FUSED_DECODE = previous
+
+
 def route(mode: str, cuda: bool) -> Any:
-    """The attention routing of a mode: ragged (today on CUDA), kernel (cascade's), eager (cascade uncompiled)."""
+    """The attention routing of a mode: ragged (today on CUDA), kernel (cascade's), eager (cascade uncompiled),
+    fused (cascade_fused.decode: mlx's fused attention, the rows along the query axis); cascade's mx and kernel
+    modes with the fused decode off."""
+    stack = contextlib.ExitStack()
     if mode == "ragged" and cuda:
-        return attention.enabled()
+        stack.enter_context(attention.enabled())
+    stack.enter_context(_fused_decode("1" if mode == "fused" else "0"))
     if mode == "kernel":
-        return cascade.kernel_enabled()
+        stack.enter_context(cascade.kernel_enabled())
     if mode == "eager":
-        return _eager()
-    return contextlib.nullcontext()
+        stack.enter_context(_eager())
+    return stack
 
 
 def compare(model: Any, rows: int, args: argparse.Namespace, dtype: Any, cuda: bool, gpu: bool) -> dict[str, float]:
@@ -114,6 +133,8 @@ def compare(model: Any, rows: int, args: argparse.Namespace, dtype: Any, cuda: b
         runs.append(("cascade_eager", shared, "eager"))
     if cuda:
         runs.append(("cascade_kernel", shared, "kernel"))
+    if gpu:
+        runs.append(("cascade_fused", shared, "fused"))
     times: dict[str, list[float]] = {name: [] for name, _, _ in runs}
     builds: dict[str, list[float]] = {name: [] for name, _, _ in runs}
     nodes: dict[str, int] = {}
@@ -139,6 +160,7 @@ def compare(model: Any, rows: int, args: argparse.Namespace, dtype: Any, cuda: b
     out |= {f"{name}_nodes": n for name, n in nodes.items()}
     out.setdefault("cascade_kernel", float("nan"))
     out.setdefault("cascade_eager", float("nan"))
+    out.setdefault("cascade_fused", float("nan"))
     return out
 
 
@@ -170,6 +192,9 @@ def layer_ms(model: Any, full: Any, shared: Any, iters: int, cuda: bool) -> dict
         "layer_mx": timed(lambda: cascade.attention(q, ok, ov, levels, scale, own_mask, own.left_padding), iters),
         "layer_prefix": timed(lambda: prefix_part(q, *flat), iters),
         "layer_kernel": float("nan"),
+        "layer_fused": timed(
+            lambda: cascade_fused.decode(q, own.keys, own.values, own._idx, own.left_padding, levels, scale), iters
+        ),
     }
     if cuda:
         with cascade.kernel_enabled():
@@ -240,12 +265,14 @@ def check_kernel() -> None:
                     with cascade.kernel_enabled():
                         whole = cascade.attention(q, k, v, levels, scale, mask, start).astype(mx.float32)
                     errors[1:] = [mx.abs(kern - want).max().item(), mx.abs(whole - ref).max().item()]
+                    fused = cascade_fused.decode(q, k, v, k.shape[2], start, levels, scale).astype(mx.float32)
+                    errors.append(mx.abs(fused - ref).max().item())
                 except Exception as exc:  # report it and go on: the mx path's figures still count
                     print(f"check: the kernel failed: {type(exc).__name__}: {str(exc)[:500]}", flush=True)
                 print(
                     f"check {str(dtype).split('.')[-1]:>8} D={dim:3d} H={heads:2d} kvH={kv_heads}: vs sdpa over the "
-                    f"concatenation: mx path {errors[0]:.2e}, kernel path {errors[2]:.2e}; kernel vs its reference "
-                    f"{errors[1]:.2e}",
+                    f"concatenation: mx path {errors[0]:.2e}, kernel path {errors[2]:.2e}, fused decode "
+                    f"{errors[3] if len(errors) > 3 else nan:.2e}; kernel vs its reference {errors[1]:.2e}",
                     flush=True,
                 )
 
@@ -258,23 +285,27 @@ def print_steps(model: Any, args: argparse.Namespace, dtype: Any, cuda: bool, gp
     )
     print(
         f"{'rows':>4} | {'today ' + str(s):>10} {'today ' + str(p + o):>10} | {'cascade mx':>10} {'eager':>7} "
-        f"{'kernel':>7} | {'tok/s today':>11} {'cascade':>8} | {'best/today ' + str(s):>14} {'today/best':>10}"
+        f"{'kernel':>7} {'fused':>7} | {'tok/s today':>11} {'cascade':>8} | {'best/today ' + str(s):>14} "
+        f"{'today/best':>10}"
     )
     for rows in [int(x) for x in args.rows.split(",")]:
         t = compare(model, rows, args, dtype, cuda, gpu)
-        best = min([x for x in (t["cascade_mx"], t["cascade_eager"], t["cascade_kernel"]) if x == x] or [float("nan")])
+        paths = (t["cascade_mx"], t["cascade_eager"], t["cascade_kernel"], t["cascade_fused"])
+        best = min([x for x in paths if x == x] or [float("nan")])
         print(
             f"{rows:4d} | {t['today_small']:10.2f} {t['today_full']:10.2f} | {t['cascade_mx']:10.2f} "
-            f"{t['cascade_eager']:7.2f} {t['cascade_kernel']:7.2f} | {rows / t['today_full'] * 1000:11.0f} "
+            f"{t['cascade_eager']:7.2f} {t['cascade_kernel']:7.2f} {t['cascade_fused']:7.2f} | "
+            f"{rows / t['today_full'] * 1000:11.0f} "
             f"{rows / best * 1000:8.0f} | {best / t['today_small']:13.2f}x {t['today_full'] / best:9.2f}x",
             flush=True,
         )
-        names = [n for n in ("today_small", "today_full", "cascade_mx", "cascade_eager", "cascade_kernel") if n in t]
+        names = ["today_small", "today_full", "cascade_mx", "cascade_eager", "cascade_kernel", "cascade_fused"]
+        names = [n for n in names if n in t]
         built = ", ".join(f"{n} {t[n + '_build']:.2f} ({t[n + '_nodes']} nodes)" for n in names if f"{n}_build" in t)
         print(f"     of which Python building the step's graph, ms: {built}", flush=True)
         print(
             f"     one layer's attention alone, ms: today {t['layer_today']:.3f}, cascade mx {t['layer_mx']:.3f} "
-            f"(its prefix part {t['layer_prefix']:.3f}), kernel {t['layer_kernel']:.3f}",
+            f"(its prefix part {t['layer_prefix']:.3f}), kernel {t['layer_kernel']:.3f}, fused {t['layer_fused']:.3f}",
             flush=True,
         )
 

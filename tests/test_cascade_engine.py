@@ -16,7 +16,7 @@ import mlx.core as mx
 import pytest
 
 from omlx_jobs.jobs.formats import SamplingParams
-from omlx_jobs.worker import cascade, cascade_batch
+from omlx_jobs.worker import cascade, cascade_batch, cascade_fused
 from omlx_jobs.worker.backend import DecodeBatch, RowSpec
 from omlx_jobs.worker.cascade_batch import CascadeBatch, PrefixLevels
 from omlx_jobs.worker.cascade_cache import OWN_STEP
@@ -232,18 +232,18 @@ def test_fused_prefill_of_one_group_equals_todays_path(
     tiny_loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """GPUs prefill a window whose rows all continue the same levels through mlx's fused attention over the levels
-    (broadcast for the layer) and the own keys (cascade._prefill_fused); forced here on the CPU."""
+    (broadcast for the layer) and the own keys (cascade_fused.prefill); forced here on the CPU."""
     calls = Counter[str]()
-    real = cascade._prefill_fused
+    real = cascade_fused.prefill
 
     def spy(*args: Any) -> mx.array:
         calls["fused"] += 1
         return real(*args)
 
-    monkeypatch.setattr(cascade, "FUSED_PREFILL", "1")
-    monkeypatch.setattr(cascade, "_prefill_fused", spy)
+    monkeypatch.setattr(cascade_fused, "FUSED_PREFILL", "1")
+    monkeypatch.setattr(cascade_fused, "prefill", spy)
     prompts = job_prompts(seed=3)
     on = run_job(tiny_loaded, prompts, use=True, batch=4)
     assert calls["fused"] > 0
-    monkeypatch.setattr(cascade, "FUSED_PREFILL", "0")
+    monkeypatch.setattr(cascade_fused, "FUSED_PREFILL", "0")
     assert on == run_job(tiny_loaded, prompts, use=False, batch=4)

@@ -19,7 +19,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch, _merge_caches, _right_pad_prompts, generation_stream
 from mlx_lm.models.cache import _BaseCache, can_trim_prompt_cache, make_prompt_cache
 
-from omlx_jobs.worker import attention, kv
+from omlx_jobs.worker import attention, cpu_prefill, kv
 from omlx_jobs.worker.prefix_cache import Entry, Match, PrefixCache
 
 BaseCache = _BaseCache
@@ -107,6 +107,7 @@ class ModelBackend:
         self.trimmable = bool(can_trim_prompt_cache(probe))
         # Reuse needs caches BatchGenerator can merge; others fall back to no reuse.
         self.reusable = all(hasattr(c, "merge") for c in probe)
+        cpu_prefill.install(model)  # on the CPU, prefill attention skips the masked half (worker/cpu_prefill.py)
         self.ragged = False
         self.cascade = False
         self.step_logits: StepLogits | None = None

@@ -35,6 +35,7 @@ from typing import Any
 import mlx.core as mx
 
 from omlx_jobs.worker import attention as ragged
+from omlx_jobs.worker import cascade_fused as fused
 
 MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 NEG_INF = float("-inf")
@@ -44,9 +45,6 @@ SCORE_BUDGET = 1 << 26
 
 COMPILE = os.environ.get("OMLX_JOBS_CASCADE_COMPILE", "1") != "0"
 """Compile the mx-ops path on GPUs (Metal, CUDA); OMLX_JOBS_CASCADE_COMPILE=0 runs it op by op."""
-
-FUSED_PREFILL = os.environ.get("OMLX_JOBS_CASCADE_FUSED_PREFILL", "auto")
-"""Prefill chunks of one prefix group through mlx's fused attention: "auto" on GPUs, "1" everywhere, "0" never."""
 
 _state = threading.local()
 
@@ -193,15 +191,19 @@ def attention(
     scale: float,
     mask: mx.array | None,
     start: mx.array | None = None,
+    buffers: tuple[mx.array, mx.array] | None = None,
 ) -> mx.array:
     """Attention of q to each row's prefix levels followed by its own keys k, v (masked by `mask`), in q's dtype.
 
     q: [B, H, N, D]; k, v: [B, kv_heads, S, D], the rows' own suffixes (left-padded; `start` [B] int32 is each
-    row's first real key, used by the decode kernel). A decode step (N == 1) is one graph per level structure
+    row's first real key, used by the decode kernel; `buffers` the own suffixes' whole key and value buffers,
+    used by cascade_fused.decode). A decode step (N == 1) is one graph per level structure
     (compiled on GPUs); inside `kernel_enabled()` its own suffixes are merged in the kernel. A prefill chunk is
     mx ops, split into chunks of query positions when long.
     """
     b, h, n, _ = q.shape
+    if n == 1 and levels and start is not None and buffers is not None and fused.use_decode(q):
+        return fused.decode(q, *buffers, k.shape[2], start, levels, scale)
     if n == 1:
         kernel = getattr(_state, "kernel", None)
         if not (kernel is not None and levels and start is not None and ragged.supported(h, k.shape[1], q.shape[-1])):
@@ -211,8 +213,8 @@ def attention(
         flat = [x for lv in levels for x in (lv.keys, lv.values, lv.rows, lv.slot, lv.member) if x is not None]
         o, lse = step(q, *own, *flat)
         return o.astype(q.dtype) if kernel is None else kernel(q, k, v, start, o, lse, scale)
-    if _fused_prefill(levels):
-        return _prefill_fused(q, k, v, levels, scale, mask)
+    if fused.use_prefill(levels):
+        return fused.prefill(q, k, v, levels, scale, mask)
     longest = max([k.shape[2], *(lv.keys.shape[2] for lv in levels)])
     step_n = max(1, SCORE_BUDGET // max(1, b * h * longest))
     outs = []
@@ -223,33 +225,6 @@ def attention(
         outs.append(merge(parts)[0])
     out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
     return out.astype(q.dtype)
-
-
-def _fused_prefill(levels: Sequence[Level]) -> bool:
-    """Whether a prefill chunk goes through mlx's fused attention: on GPUs (or when forced), when every row
-    continues every level (the rows of one prefix group: what a prefill window holds)."""
-    if FUSED_PREFILL == "0" or not all(lv.rows is None for lv in levels):
-        return False
-    return FUSED_PREFILL == "1" or mx.default_device() != mx.cpu
-
-
-def _prefill_fused(
-    q: mx.array, k: mx.array, v: mx.array, levels: Sequence[Level], scale: float, mask: mx.array | None
-) -> mx.array:
-    """A prefill chunk in one mx.fast.scaled_dot_product_attention call over the levels' keys (broadcast to the
-    rows, for this layer only: freed once it is computed) followed by the rows' own keys; the levels are visible
-    to every query. The cache still holds one copy of each level."""
-    b = q.shape[0]
-    keys = [mx.broadcast_to(lv.keys, (b, *lv.keys.shape[1:])) for lv in levels]
-    values = [mx.broadcast_to(lv.values, (b, *lv.values.shape[1:])) for lv in levels]
-    if mask is not None:
-        while mask.ndim < 4:
-            mask = mask[None]
-        shared = sum(lv.keys.shape[2] for lv in levels)
-        mask = mx.concatenate([mx.ones((*mask.shape[:-1], shared), dtype=mx.bool_), mask.astype(mx.bool_)], axis=-1)
-    keys_all = mx.concatenate([*keys, k], axis=2)
-    values_all = mx.concatenate([*values, v], axis=2)
-    return mx.fast.scaled_dot_product_attention(q, keys_all, values_all, scale=scale, mask=mask)
 
 
 _decode_steps: dict[tuple[Any, ...], Callable[..., Any]] = {}
@@ -358,7 +333,7 @@ def install(model: Any) -> bool:
             return ragged.route(original, queries, keys, values, own, scale, mask, sinks)
         if sinks is not None:
             raise NotImplementedError("cascade attention has no attention sinks; this model must keep KVCache")
-        return attention(queries, keys, values, levels, scale, mask, own.left_padding)
+        return attention(queries, keys, values, levels, scale, mask, own.left_padding, (own.keys, own.values))
 
     scaled_dot_product_attention._omlx_cascade = True  # type: ignore[attr-defined]
     scaled_dot_product_attention.__wrapped__ = original  # type: ignore[attr-defined]

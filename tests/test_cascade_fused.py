@@ -1,0 +1,93 @@
+"""Cascade attention through mlx's fused attention (worker/cascade_fused.py): the same as over concatenated keys.
+
+On CUDA (the default there) decode steps put the rows along the query axis and mask each row to its levels and
+its own suffix; here, on the CPU, mlx's attention takes the same inputs (unfused), so the masks and layouts are
+checked against the per-row reference of tests/cascade_cases.py and through the real engine.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from omlx_jobs.worker import cascade, cascade_fused
+from omlx_jobs.worker.model import LoadedModel
+from tests.cascade_cases import case
+from tests.test_cascade_engine import job_prompts, run_job
+
+
+def buffers(k: mx.array, v: mx.array, size: int) -> tuple[mx.array, mx.array]:
+    """Own-suffix buffers of `size` positions whose tail past k's length is garbage (it must stay unseen)."""
+    tail = (k.shape[0], k.shape[1], size - k.shape[2], k.shape[3])
+    return mx.concatenate([k, 100 * mx.ones(tail, k.dtype)], 2), mx.concatenate([v, 100 * mx.ones(tail, v.dtype)], 2)
+
+
+@pytest.mark.parametrize("rows_per_call", [32, 3, 8])
+@pytest.mark.parametrize("size", [12, 64, 70])
+def test_decode_equals_attention_over_the_concatenated_keys(
+    rows_per_call: int, size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several groups, two-level chains, a row with no prefix; one block, several, and a padded last block; own
+    buffers cut at the bucket (64) or at their end (12, 70 positions; 12 = the suffixes' exact length)."""
+    monkeypatch.setattr(cascade_fused, "ROWS_PER_CALL", rows_per_call)
+    q, k, v, levels, _, start, ref = case(heads=8, kv_heads=2, dim=64, n=1, dtype=mx.float32)
+    own_k, own_v = buffers(k, v, size)
+    out = cascade_fused.decode(q, own_k, own_v, k.shape[2], start, levels, 0.125)
+    assert out.shape == q.shape
+    assert mx.abs(out - ref).max().item() < 2e-5
+
+
+def test_decode_in_bf16_and_through_cascade_attention(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cascade_fused, "FUSED_DECODE", "1")
+    calls = Counter[str]()
+    real = cascade_fused.decode
+
+    def spy(*args: Any) -> mx.array:
+        calls["decode"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(cascade_fused, "decode", spy)
+    for dtype, tol in ((mx.float32, 2e-5), (mx.bfloat16, 3e-2)):
+        q, k, v, levels, mask, start, ref = case(heads=8, kv_heads=2, dim=128, n=1, dtype=dtype)
+        out = cascade.attention(q, k, v, levels, 128**-0.5, mask, start, buffers(k, v, 64))
+        assert out.dtype == dtype and mx.abs(out.astype(mx.float32) - ref).max().item() < tol
+    assert calls["decode"] == 2
+
+
+def test_a_row_that_loses_its_level_is_caught() -> None:
+    """The reference notices a wrong mask (so the tests above can fail)."""
+    q, k, v, levels, _, start, ref = case(heads=8, kv_heads=2, dim=64, n=1, dtype=mx.float32)
+    out = cascade_fused.decode(q, k, v, k.shape[2], start, levels[:-1], 0.125)
+    assert mx.abs(out - ref).max().item() > 1e-2
+    out = cascade_fused.decode(q, k, v, k.shape[2], mx.zeros_like(start), levels, 0.125)  # padding attended
+    assert mx.abs(out - ref).max().item() > 1e-2
+
+
+def test_decode_is_off_on_the_cpu_by_default() -> None:
+    q = mx.zeros((4, 8, 1, 64), mx.bfloat16)
+    assert cascade_fused.FUSED_DECODE != "auto" or not cascade_fused.use_decode(q)
+
+
+def test_fused_decode_through_the_engine_equals_todays_path(
+    tiny_loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Greedy ids of a job with one- and two-level prefixes and several groups per batch, decoded through
+    cascade_fused.decode (forced on the CPU), equal those with every row holding a copy of its prefix."""
+    calls = Counter[str]()
+    real = cascade_fused.decode
+
+    def spy(*args: Any) -> mx.array:
+        calls["decode"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(cascade_fused, "FUSED_DECODE", "1")
+    monkeypatch.setattr(cascade_fused, "ROWS_PER_CALL", 3)
+    monkeypatch.setattr(cascade_fused, "decode", spy)
+    prompts = job_prompts(seed=5)
+    on = run_job(tiny_loaded, prompts, use=True, batch=8)
+    assert calls["decode"] > 0
+    monkeypatch.setattr(cascade_fused, "FUSED_DECODE", "0")
+    assert on == run_job(tiny_loaded, prompts, use=False, batch=8)

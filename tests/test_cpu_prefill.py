@@ -1,0 +1,99 @@
+"""CPU prefill attention (worker/cpu_prefill.py): causal blocks of queries equal mlx's attention over every key."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.base import create_causal_mask
+
+from omlx_jobs.worker import cpu_prefill
+from omlx_jobs.worker.backend import ModelBackend
+from omlx_jobs.worker.model import LoadedModel
+
+
+def qkv(b: int, n: int, total: int, heads: int = 8, kv_heads: int = 2, dim: int = 64) -> tuple[mx.array, ...]:
+    mx.random.seed(n + total)
+    return (
+        mx.random.normal((b, heads, n, dim)),
+        mx.random.normal((b, kv_heads, total, dim)),
+        mx.random.normal((b, kv_heads, total, dim)),
+    )
+
+
+@pytest.mark.parametrize("n,offset", [(100, 0), (37, 60), (64, 200)])
+def test_equals_mlx_attention_for_causal_and_batch_masks(n: int, offset: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ "causal", and BatchKVCache's boolean masks with left and right padding; blocks of 16 queries (the last one
+    partial), queries at the end of a cache that already holds `offset` keys."""
+    monkeypatch.setattr(cpu_prefill, "BLOCK", 16)
+    q, k, v = qkv(3, n, n + offset)
+    scale = 64**-0.5
+    masks: list[Any] = [
+        "causal",
+        create_causal_mask(n, offset, left_padding=mx.array([0, 5, 11])),
+        create_causal_mask(n, offset, right_padding=mx.array([0, 3, 9]), left_padding=mx.array([2, 0, 4])),
+    ]
+    for mask in masks:
+        assert cpu_prefill.applies(q, k, None, mask, None)
+        want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+        got = cpu_prefill.attention(q, k, v, scale, mask)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        # Rows whose queries see no key at all (right padding) are garbage either way: compare the others.
+        if not isinstance(mask, str):
+            seen = mx.broadcast_to(mask.any(axis=-1, keepdims=True), want.shape[:-1] + (1,))
+            want, got = mx.where(seen, want, 0.0), mx.where(seen, got, 0.0)
+        assert mx.abs(got - want).max().item() < 2e-5
+
+
+def test_a_wrong_cut_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Queries that lose keys they can see differ (so the test above can fail)."""
+    monkeypatch.setattr(cpu_prefill, "BLOCK", 16)
+    q, k, v = qkv(1, 40, 40)
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
+    got = cpu_prefill.attention(q, k[:, :, 5:], v[:, :, 5:], 0.125, "causal")
+    assert mx.abs(got - want).max().item() > 1e-2
+
+
+def test_what_keeps_mlxs_path() -> None:
+    q, k, _ = qkv(1, 40, 40)
+    causal = create_causal_mask(40, 0)
+    assert cpu_prefill.applies(q, k, None, causal, None)
+    assert not cpu_prefill.applies(q[:, :, :1], k[:, :, :1], None, None, None)  # a decode step
+    assert not cpu_prefill.applies(q[:, :, :8], k[:, :, :8], None, "causal", None)  # too short to gain
+    assert not cpu_prefill.applies(q, k, None, mx.where(causal, 0.0, -1e9), None)  # additive: could be anything
+    assert not cpu_prefill.applies(q, k, None, None, None)  # no mask: not causal
+    assert not cpu_prefill.applies(q, k, None, causal, mx.zeros((8,)))  # sinks
+
+    class Cascade:
+        def cascade_layout(self) -> Any: ...
+
+    assert not cpu_prefill.applies(q, k, Cascade(), causal, None)  # cascade.py attends to its levels
+
+
+def test_a_warm_up_prefill_through_the_model(tiny_loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model's prefill (two rows of different lengths, chunks of 64) gives the logits mlx's path gives."""
+    backend = ModelBackend(tiny_loaded.model, eos=[0], batch_size=4, prefill_batch_size=4, prefill_step=64)
+    calls = Counter[str]()
+    real = cpu_prefill.attention
+
+    def spy(*args: Any) -> mx.array:
+        calls["blocks"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(cpu_prefill, "attention", spy)
+    suffixes = [[(7 * i) % 370 + 3 for i in range(150)], [(11 * i) % 370 + 3 for i in range(90)]]
+    want = [{149, 100}, {89, 3}]
+
+    def logits() -> list[dict[int, mx.array]]:
+        return [d for _, d in backend.prefill([None, None], suffixes, want)]
+
+    ours = logits()
+    assert calls["blocks"] > 0
+    monkeypatch.setattr(cpu_prefill, "ENABLED", False)
+    theirs = logits()
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.keys() == b.keys()
+        for j in a:
+            assert mx.abs(a[j] - b[j]).max().item() < 1e-4
