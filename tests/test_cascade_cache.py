@@ -323,3 +323,44 @@ def test_a_row_with_no_own_tokens_yet(prefixes: Prefixes) -> None:
     assert whole.offset == 70
     assert mx.array_equal(whole.keys[..., :40, :], prefixes.system.segments[0].keys).item()
     assert CascadeKVCache.merge([row_caches([], layers)[0]]).empty()
+
+
+def _own_batch(lengths: list[int], seed: int) -> BatchKVCache:
+    """A left-padded own-suffix cache of rows with these lengths (random keys), as after an insert."""
+    mx.random.seed(seed)
+    rows = []
+    for n in lengths:
+        c = KVCache()
+        c.update_and_fetch(mx.random.normal((1, 2, n, 16)), mx.random.normal((1, 2, n, 16)))
+        rows.append(c)
+    return BatchKVCache.merge(rows)
+
+
+def test_filter_equals_mlx_lms_and_reads_the_padding_once_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every layer of a filter call gives what mlx-lm's BatchKVCache.filter gives; the padding to drop is read
+    from the device for the first layer only; another batch filtered with the same list reads its own."""
+    reads = {"n": 0}
+    real = mx.array.tolist
+
+    def counting(self: mx.array) -> Any:
+        reads["n"] += 1
+        return real(self)
+
+    lengths = [9, 4, 7, 12]
+    layers = [CascadeKVCache([()] * 4, _own_batch(lengths, seed=i)) for i in range(3)]
+    theirs = [_own_batch(lengths, seed=i) for i in range(3)]
+    keep = [1, 2]  # the longest rows leave: both kept rows have padding to drop
+    monkeypatch.setattr(mx.array, "tolist", counting)
+    for c in layers:
+        c.filter(keep)
+    assert reads["n"] == 1
+    monkeypatch.setattr(mx.array, "tolist", real)
+    for c, t in zip(layers, theirs, strict=True):
+        t.filter(keep)
+        assert c.own._idx == t._idx == 7
+        assert c.own.left_padding.tolist() == t.left_padding.tolist() == [3, 0]
+        assert c.own.offset.tolist() == t.offset.tolist()
+        assert mx.array_equal(c.own.keys[..., : c.own._idx, :], t.keys[..., : t._idx, :])
+    other = CascadeKVCache([()] * 4, _own_batch([3, 5, 8, 2], seed=9))  # same list, another batch: no reuse
+    other.filter(keep)
+    assert other.own.left_padding.tolist() == [3, 0] and other.own._idx == 8  # its padding: 0 to drop

@@ -161,6 +161,30 @@ def _empty_own() -> BatchKVCache:
     return own
 
 
+_last_filter: list[Any] = [None, 0]
+"""The key (keep list, batch size, own length) of the last CascadeKVCache.filter and the padding it dropped."""
+
+
+def _same_filter(a: tuple[Any, int, int], b: tuple[Any, int, int]) -> bool:
+    return a[0] is b[0] and a[1:] == b[1:]
+
+
+def _filter_own(own: BatchKVCache, keep: list[int], shift: int | None) -> int:
+    """BatchKVCache.filter (mlx-lm 0.32.2) with the left padding to drop given, or read when None; returns it."""
+    if own.keys is not None:
+        own.keys, own.values = own.keys[keep], own.values[keep]
+    own.offset = own.offset[keep]
+    own.left_padding = own.left_padding[keep]
+    if shift is None:
+        shift = min(own.left_padding.tolist())
+    if shift > 0:
+        if own.keys is not None:
+            own.keys, own.values = own.keys[..., shift:, :], own.values[..., shift:, :]
+        own._idx -= shift
+        own.left_padding -= shift
+    return shift
+
+
 class CascadeKVCache(BaseCache):
     """One layer's cache for a batch of rows that continue shared prefix levels and hold only their own suffix."""
 
@@ -237,9 +261,20 @@ class CascadeKVCache(BaseCache):
         return self.own.state
 
     def filter(self, batch_indices: Sequence[int]) -> None:
-        """Keep the given rows (in place)."""
+        """Keep the given rows (in place), as mlx-lm's BatchKVCache.filter, reading the padding to drop once per
+        filter of the batch instead of once per layer.
+
+        mlx-lm filters every layer's cache with the same `keep` list, one layer after another, and reads the
+        smallest left padding back from the device each time (a sync: 36 per filter on Qwen3-8B, 0.8 s of a
+        6.4 s job on an H200). The layers' own caches have equal padding (each sees the same prepare, finalize,
+        extend and filter), so the value read for one layer serves the next layers of the same call: same list
+        object, same batch size, same own length.
+        """
         keep = batch_indices.tolist() if isinstance(batch_indices, mx.array) else list(batch_indices)
-        self.own.filter(keep)
+        own = self.own
+        key = (batch_indices, int(own.left_padding.shape[0]), own._idx)
+        shift = _last_filter[1] if _last_filter[0] is not None and _same_filter(_last_filter[0], key) else None
+        _last_filter[:] = [key, _filter_own(own, keep, shift)]
         self.chains = [self.chains[i] for i in keep]
         self._invalidate()
 

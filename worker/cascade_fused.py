@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 FUSED_PREFILL = os.environ.get("OMLX_JOBS_CASCADE_FUSED_PREFILL", "auto")
 """Prefill chunks of one prefix group through mlx's fused attention: "auto" on GPUs, "1" everywhere, "0" never."""
 
-FUSED_DECODE = os.environ.get("OMLX_JOBS_CASCADE_FUSED_DECODE", "auto")
-"""Decode steps through mlx's fused attention: "auto" on CUDA for float16/bfloat16 models with head sizes cuDNN
-takes (a multiple of 8, at most 128), "1" everywhere (Metal: untested), "0" never (cascade.py's mx ops)."""
+FUSED_DECODE = os.environ.get("OMLX_JOBS_CASCADE_FUSED_DECODE", "0")
+"""Decode steps through mlx's fused attention: "1" everywhere, "0" never (the default: cascade.py's mx ops and, on
+CUDA, its kernel were faster on an H200, bench/RESULTS.md; Metal is untested)."""
 
 ROWS_PER_CALL = 32
 """Rows per block of a decode call: each row reads the other rows' own keys of its block too (masked), so more
@@ -51,17 +51,7 @@ def use_prefill(levels: Sequence[Level]) -> bool:
 
 def use_decode(q: mx.array) -> bool:
     """Whether a decode step of queries q [B, H, 1, D] goes through `decode` (see FUSED_DECODE)."""
-    if FUSED_DECODE in ("0", "1"):
-        return FUSED_DECODE == "1"
-    d = q.shape[-1]
-    return _cuda() and q.dtype in (mx.float16, mx.bfloat16) and d % 8 == 0 and d <= 128
-
-
-def _cuda() -> bool:
-    try:
-        return bool(mx.cuda.is_available()) and mx.default_device() == mx.gpu
-    except AttributeError:
-        return False
+    return FUSED_DECODE == "1"
 
 
 def prefill(
