@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch, _merge_caches, _right_pad_prompts, generation_stream
-from mlx_lm.models.cache import _BaseCache, can_trim_prompt_cache, make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, _BaseCache, can_trim_prompt_cache, make_prompt_cache
 
 from omlx_jobs.worker import attention, cpu_prefill, kv
 from omlx_jobs.worker.prefix_cache import Entry, Match, PrefixCache
@@ -188,6 +188,28 @@ class ModelBackend:
                     logits[i][j] = rows[k : k + 1]
             mx.eval([c.state for c in batch], [v for d in logits for v in d.values()])
         return logits
+
+
+def own_length(cache: BatchKVCache) -> int:
+    """The positions a BatchKVCache holds (its rows end there, left-padded)."""
+    return int(cache._idx)
+
+
+def filter_own(cache: BatchKVCache, keep: list[int], shift: int | None) -> int:
+    """BatchKVCache.filter (mlx-lm 0.32.2) with the left padding to drop given, or read from the device when None
+    (what mlx-lm does for every layer); returns it. For worker/cascade_cache.py's own-suffix caches."""
+    if cache.keys is not None:
+        cache.keys, cache.values = cache.keys[keep], cache.values[keep]
+    cache.offset = cache.offset[keep]
+    cache.left_padding = cache.left_padding[keep]
+    if shift is None:
+        shift = min(cache.left_padding.tolist())
+    if shift > 0:
+        if cache.keys is not None:
+            cache.keys, cache.values = cache.keys[..., shift:, :], cache.values[..., shift:, :]
+        cache._idx -= shift
+        cache.left_padding -= shift
+    return shift
 
 
 def _projection(model: Any) -> Callable[[mx.array], mx.array] | None:

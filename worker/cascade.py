@@ -40,6 +40,7 @@ from omlx_jobs.worker import cascade_fused as fused
 MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 NEG_INF = float("-inf")
 LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
 SCORE_BUDGET = 1 << 26
 """Score-matrix elements per part (256 MB in float32): longer prefills are split into chunks of query positions."""
 
@@ -96,30 +97,64 @@ def _core_masked(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: f
     return _softmax_v(q, k, v, mask, scale)
 
 
-def _softmax_v(q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None, scale: float) -> tuple[mx.array, mx.array]:
+def _core_cpu(q: mx.array, k: mx.array, v: mx.array, scale: float) -> tuple[mx.array, mx.array]:
+    return _softmax_v(q, k, v, None, scale, base2=True)
+
+
+def _core_masked_cpu(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float) -> tuple[mx.array, mx.array]:
+    return _softmax_v(q, k, v, mask, scale, base2=True)
+
+
+def _softmax_v(
+    q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None, scale: float, base2: bool = False
+) -> tuple[mx.array, mx.array]:
     """q: [B, kv_heads, M, D] against k, v: [B, kv_heads, K, D]; mask broadcastable to [B, kv_heads, M, K].
 
     No reshapes, so it compiles shapeless. Scores are computed in q's dtype and exponentiated in float32, as
-    mlx's own unfused attention does; one exponential per score (the lse comes from the max and the sum).
+    mlx's own unfused attention does; one exponential per score (the lse comes from the max and the sum). With
+    `base2` (the CPU, uncompiled) the scores are in base 2 (log2 e folded into the scale) and exponentiated by
+    `_exp2`, whose bit cast does not compile shapeless.
     """
-    scores = (q * scale) @ k.swapaxes(-1, -2)
+    scores = (q * (scale * LOG2E if base2 else scale)) @ k.swapaxes(-1, -2)
     if mask is not None:
         scores = mx.where(mask, scores, NEG_INF)
     m = scores.max(axis=-1, keepdims=True).astype(mx.float32)
     m = mx.where(m == NEG_INF, 0.0, m)  # a query that sees no key: its weights are all 0
     # The weights in v's dtype (what the matmul reads anyway): a bf16 model's score matrix is written and read as
     # bf16, not float32, and the sum (accumulated in float32 by mlx) normalises exactly the weights used.
-    e = _exp(scores.astype(mx.float32) - m).astype(v.dtype)
+    x = scores.astype(mx.float32) - m
+    e = (_exp2(x) if base2 else mx.exp(x)).astype(v.dtype)
     total = e.sum(axis=-1, keepdims=True).astype(mx.float32)
     o = (e @ v).astype(mx.float32) / mx.maximum(total, 1e-30)
-    return o, mx.squeeze(m + mx.log(total), -1)
+    lse = m * LN2 + mx.log(total) if base2 else m + mx.log(total)
+    return o, mx.squeeze(lse, -1)
 
 
-def _exp(x: mx.array) -> mx.array:
-    """e**x; on the CPU as 2**(x log2 e), which mlx 0.32.4 computes about 4x as fast as exp there."""
-    if mx.default_device() == mx.cpu:
-        return mx.power(2.0, x * LOG2E)
-    return mx.exp(x)
+_EXP2 = (
+    1.535336188319500e-4,
+    1.339887440266574e-3,
+    9.618437357674640e-3,
+    5.550332471162809e-2,
+    2.402264791363012e-1,
+    6.931472028550421e-1,
+)
+
+
+def _exp2(x: mx.array) -> mx.array:
+    """2**x for float32 x <= 0 (-inf included: 0), to float32 rounding, in mx ops, for the CPU.
+
+    mlx 0.32.4's CPU `exp` takes about 11.6 ns an element here and `power(2, x)` 4.2 ns; this takes 3.0: 2**x =
+    2**n * 2**f with n = round(x) built from its exponent bits and 2**f, f in [-0.5, 0.5], Cephes' exp2f
+    polynomial. x below -127 gives 0 (2**-127 is below float32's normal range).
+    """
+    x = mx.maximum(x, -127.0)
+    n = mx.round(x)
+    f = x - n
+    p = f * _EXP2[0] + _EXP2[1]
+    for c in _EXP2[2:]:
+        p = p * f + c
+    p = p * f + 1.0
+    return p * mx.view((n.astype(mx.int32) + 127) << 23, mx.float32)
 
 
 _compiled = (mx.compile(_core, shapeless=True), mx.compile(_core_masked, shapeless=True))
@@ -131,7 +166,9 @@ def _compiling() -> bool:
 
 
 def _cores() -> tuple[Callable[..., Any], Callable[..., Any]]:
-    return _compiled if _compiling() else (_core, _core_masked)
+    if _compiling():
+        return _compiled
+    return (_core_cpu, _core_masked_cpu) if mx.default_device() == mx.cpu else (_core, _core_masked)
 
 
 def attend_level(q: mx.array, level: Level, scale: float) -> tuple[mx.array, mx.array]:
@@ -235,34 +272,36 @@ def _decode_step(
 ) -> Callable[..., tuple[mx.array, mx.array]]:
     """The decode step's attention for one level structure: one call (and, compiled, a few fused kernels)."""
     compiled = _compiling()
-    key = (kv_heads, g, scale, structure, kernel is None, compiled)
+    base2 = not compiled and mx.default_device() == mx.cpu
+    key = (kv_heads, g, scale, structure, kernel is None, compiled, base2)
     fn = _decode_steps.get(key)
     if fn is None:
         if len(_decode_steps) >= 256:  # batches of ever new level structures: keep the memo bounded
             _decode_steps.clear()
-        fn = _decode_graph(kv_heads, g, scale, structure, own=kernel is None)
+        fn = _decode_graph(kv_heads, g, scale, structure, own=kernel is None, base2=base2)
         fn = _decode_steps[key] = mx.compile(fn, shapeless=True) if compiled else fn
     return fn
 
 
 def _decode_graph(
-    kv_heads: int, g: int, scale: float, structure: tuple[bool, ...], own: bool
+    kv_heads: int, g: int, scale: float, structure: tuple[bool, ...], own: bool, base2: bool = False
 ) -> Callable[..., tuple[mx.array, mx.array]]:
     """decode(q, [k, v, mask], *levels) -> (o [B, H, 1, D] float32, lse [B, H, 1]): no reshape, so shapeless.
 
     The G query heads of a kv head are its rows' queries ([B, kv_heads, G, D]); a level folds its rows into them
     ([1, kv_heads, r * G, D]). `own`: also attend the own suffixes (else the kernel does, from o and lse).
+    `base2`: exponentiate as the CPU does (see _softmax_v).
     """
 
     def decode(q: mx.array, *arrays: mx.array) -> tuple[mx.array, mx.array]:
         folded = mx.flatten(mx.unflatten(q, 1, (kv_heads, g)), 2, 3)
-        acc = _softmax_v(folded, *arrays[:3], scale) if own else None
+        acc = _softmax_v(folded, *arrays[:3], scale, base2) if own else None
         i = 3 if own else 0
         for has_rows in structure:
             keys, values = arrays[i], arrays[i + 1]
             qs = mx.take(folded, arrays[i + 2], axis=0) if has_rows else folded
             rows_q = mx.expand_dims(mx.flatten(qs.transpose(1, 0, 2, 3), 1, 2), 0)
-            o, lse = _softmax_v(rows_q, keys, values, None, scale)
+            o, lse = _softmax_v(rows_q, keys, values, None, scale, base2)
             o = mx.unflatten(mx.squeeze(o, 0), 1, (-1, g)).transpose(1, 0, 2, 3)
             lse = mx.unflatten(mx.squeeze(lse, 0), 1, (-1, g)).transpose(1, 0, 2)
             if has_rows:

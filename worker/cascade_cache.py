@@ -38,7 +38,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from omlx_jobs.worker.backend import BaseCache
+from omlx_jobs.worker.backend import BaseCache, filter_own, own_length
 from omlx_jobs.worker.cascade import Level
 
 OWN_STEP = 64
@@ -169,22 +169,6 @@ def _same_filter(a: tuple[Any, int, int], b: tuple[Any, int, int]) -> bool:
     return a[0] is b[0] and a[1:] == b[1:]
 
 
-def _filter_own(own: BatchKVCache, keep: list[int], shift: int | None) -> int:
-    """BatchKVCache.filter (mlx-lm 0.32.2) with the left padding to drop given, or read when None; returns it."""
-    if own.keys is not None:
-        own.keys, own.values = own.keys[keep], own.values[keep]
-    own.offset = own.offset[keep]
-    own.left_padding = own.left_padding[keep]
-    if shift is None:
-        shift = min(own.left_padding.tolist())
-    if shift > 0:
-        if own.keys is not None:
-            own.keys, own.values = own.keys[..., shift:, :], own.values[..., shift:, :]
-        own._idx -= shift
-        own.left_padding -= shift
-    return shift
-
-
 class CascadeKVCache(BaseCache):
     """One layer's cache for a batch of rows that continue shared prefix levels and hold only their own suffix."""
 
@@ -272,9 +256,9 @@ class CascadeKVCache(BaseCache):
         """
         keep = batch_indices.tolist() if isinstance(batch_indices, mx.array) else list(batch_indices)
         own = self.own
-        key = (batch_indices, int(own.left_padding.shape[0]), own._idx)
+        key = (batch_indices, int(own.left_padding.shape[0]), own_length(own))
         shift = _last_filter[1] if _last_filter[0] is not None and _same_filter(_last_filter[0], key) else None
-        _last_filter[:] = [key, _filter_own(own, keep, shift)]
+        _last_filter[:] = [key, filter_own(own, keep, shift)]
         self.chains = [self.chains[i] for i in keep]
         self._invalidate()
 

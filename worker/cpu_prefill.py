@@ -2,7 +2,7 @@
 
 On the CPU, mlx 0.32.4's `scaled_dot_product_attention` with a mask has no fused kernel: it computes every
 query against every key (the masked half of a causal prefill too) and exponentiates with `exp`, which is about
-4x slower there than `2**x` (cascade.py `_exp`). A warm-up prefill of a 2,000-token document then takes most of
+4x slower there than `2**x` (cascade.py `_exp2`). A warm-up prefill of a 2,000-token document then takes most of
 its time in attention. Here the queries go in blocks; a block attends to the keys up to its last position only
 (the later ones are masked by causality), through cascade.py's mx-ops attention. The result is the same
 attention, to float rounding.
