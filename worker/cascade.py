@@ -97,14 +97,6 @@ def _core_masked(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: f
     return _softmax_v(q, k, v, mask, scale)
 
 
-def _core_cpu(q: mx.array, k: mx.array, v: mx.array, scale: float) -> tuple[mx.array, mx.array]:
-    return _softmax_v(q, k, v, None, scale, base2=True)
-
-
-def _core_masked_cpu(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float) -> tuple[mx.array, mx.array]:
-    return _softmax_v(q, k, v, mask, scale, base2=True)
-
-
 def _softmax_v(
     q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None, scale: float, base2: bool = False
 ) -> tuple[mx.array, mx.array]:
@@ -112,7 +104,7 @@ def _softmax_v(
 
     No reshapes, so it compiles shapeless. Scores are computed in q's dtype and exponentiated in float32, as
     mlx's own unfused attention does; one exponential per score (the lse comes from the max and the sum). With
-    `base2` (the CPU, uncompiled) the scores are in base 2 (log2 e folded into the scale) and exponentiated by
+    `base2` (CPU decode steps) the scores are in base 2 (log2 e folded into the scale) and exponentiated by
     `_exp2`, whose bit cast does not compile shapeless.
     """
     scores = (q * (scale * LOG2E if base2 else scale)) @ k.swapaxes(-1, -2)
@@ -123,11 +115,18 @@ def _softmax_v(
     # The weights in v's dtype (what the matmul reads anyway): a bf16 model's score matrix is written and read as
     # bf16, not float32, and the sum (accumulated in float32 by mlx) normalises exactly the weights used.
     x = scores.astype(mx.float32) - m
-    e = (_exp2(x) if base2 else mx.exp(x)).astype(v.dtype)
+    e = (_exp2(x) if base2 else _exp(x)).astype(v.dtype)
     total = e.sum(axis=-1, keepdims=True).astype(mx.float32)
     o = (e @ v).astype(mx.float32) / mx.maximum(total, 1e-30)
     lse = m * LN2 + mx.log(total) if base2 else m + mx.log(total)
     return o, mx.squeeze(lse, -1)
+
+
+def _exp(x: mx.array) -> mx.array:
+    """e**x; on the CPU as 2**(x log2 e), which mlx 0.32.4 computes about 3x as fast as exp there."""
+    if mx.default_device() == mx.cpu:
+        return mx.power(2.0, x * LOG2E)
+    return mx.exp(x)
 
 
 _EXP2 = (
@@ -145,7 +144,8 @@ def _exp2(x: mx.array) -> mx.array:
 
     mlx 0.32.4's CPU `exp` takes about 11.6 ns an element here and `power(2, x)` 4.2 ns; this takes 3.0: 2**x =
     2**n * 2**f with n = round(x) built from its exponent bits and 2**f, f in [-0.5, 0.5], Cephes' exp2f
-    polynomial. x below -127 gives 0 (2**-127 is below float32's normal range).
+    polynomial. x below -127 gives 0 (2**-127 is below float32's normal range). Used for decode steps only: in
+    the engine's prefill (many score blocks per layer) it measured slower than `power` (bench/RESULTS.md).
     """
     x = mx.maximum(x, -127.0)
     n = mx.round(x)
@@ -166,9 +166,7 @@ def _compiling() -> bool:
 
 
 def _cores() -> tuple[Callable[..., Any], Callable[..., Any]]:
-    if _compiling():
-        return _compiled
-    return (_core_cpu, _core_masked_cpu) if mx.default_device() == mx.cpu else (_core, _core_masked)
+    return _compiled if _compiling() else (_core, _core_masked)
 
 
 def attend_level(q: mx.array, level: Level, scale: float) -> tuple[mx.array, mx.array]:

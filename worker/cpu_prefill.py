@@ -28,7 +28,7 @@ ENABLED = os.environ.get("OMLX_JOBS_CPU_PREFILL", "1") != "0"
 """OMLX_JOBS_CPU_PREFILL=0 leaves every prefill chunk to mlx's attention (as before this module)."""
 MIN_QUERIES = 32
 """Shorter chunks (decode steps, short suffixes) keep mlx's path: there is little to cut."""
-BLOCK = 128
+BLOCK = 64
 """Query positions per block: the masked part computed is about BLOCK / 2 keys per query."""
 
 
