@@ -1,7 +1,8 @@
 """Benchmark: one layer's prefill attention on the CPU, mlx's (every key) against worker/cpu_prefill.py (blocks).
 
 Side by side in one run, best of --repeat, for a prefill of N queries at the end of a cache of N + offset keys,
-with BatchKVCache's boolean mask; the maximum difference of the outputs is printed too.
+with BatchKVCache's boolean mask; the maximum difference of the outputs is printed too. "poly" is the same
+blocks exponentiated with the decode steps' base-2 polynomial (cascade._exp2) instead of power(2, x).
 
     .venv/bin/python bench/cpu_prefill.py                      # SmolLM2's shape: 9 heads, 3 kv heads, D 64
     .venv/bin/python bench/cpu_prefill.py --heads 32 --kv-heads 8 --dim 128 --n 1024
@@ -47,8 +48,6 @@ def main() -> None:
     import mlx.core as mx
     from mlx_lm.models.base import create_causal_mask
 
-    from omlx_jobs.worker import cpu_prefill
-
     mx.set_default_device(mx.cpu)
     scale = args.dim**-0.5
     print(f"one layer, {args.heads} heads, {args.kv_heads} kv heads, D {args.dim}; ms, best of {args.repeat}")
@@ -58,15 +57,30 @@ def main() -> None:
         v = mx.random.normal((1, args.kv_heads, n + offset, args.dim))
         mask = create_causal_mask(n, offset, left_padding=mx.array([0]))
         mx.eval(q, k, v, mask)
-        theirs = best_ms(lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask), args.repeat)
-        cells = []
-        for block in map(int, args.blocks.split(",")):
-            cpu_prefill.BLOCK = block
-            ours = best_ms(lambda: cpu_prefill.attention(q, k, v, scale, mask), args.repeat)
-            cells.append(f"blocks of {block}: {ours:.1f} ({theirs / ours:.2f}x)")
-        want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
-        err = mx.abs(cpu_prefill.attention(q, k, v, scale, mask) - want).max().item()
-        print(f"N {n} after {offset}: mlx {theirs:.1f}; " + "; ".join(cells) + f"; max difference {err:.1e}")
+        print(f"N {n} after {offset}: " + row((q, k, v, mask), scale, args), flush=True)
+
+
+def row(inputs: tuple[Any, ...], scale: float, args: argparse.Namespace) -> str:
+    """mlx's attention, then each block size with power(2, x) and with the polynomial; the outputs' difference."""
+    import mlx.core as mx
+
+    from omlx_jobs.worker import cascade, cpu_prefill
+
+    q, k, v, mask = inputs
+    theirs = best_ms(lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask), args.repeat)
+    cells = [f"mlx {theirs:.1f}"]
+    for block in map(int, args.blocks.split(",")):
+        cpu_prefill.BLOCK = block
+        ours = best_ms(lambda: cpu_prefill.attention(q, k, v, scale, mask), args.repeat)
+        power, cascade._exp = cascade._exp, lambda x: cascade._exp2(x * cascade.LOG2E)
+        try:
+            poly = best_ms(lambda: cpu_prefill.attention(q, k, v, scale, mask), args.repeat)
+        finally:
+            cascade._exp = power
+        cells.append(f"blocks of {block}: {ours:.1f} ({theirs / ours:.2f}x), poly {poly:.1f}")
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    err = mx.abs(cpu_prefill.attention(q, k, v, scale, mask) - want).max().item()
+    return "; ".join(cells) + f"; max difference {err:.1e}"
 
 
 if __name__ == "__main__":
