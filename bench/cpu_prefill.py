@@ -2,7 +2,9 @@
 
 Side by side in one run, best of --repeat, for a prefill of N queries at the end of a cache of N + offset keys,
 with BatchKVCache's boolean mask; the maximum difference of the outputs is printed too. "poly" is the same
-blocks exponentiated with the decode steps' base-2 polynomial (cascade._exp2) instead of power(2, x).
+blocks exponentiated with the decode steps' base-2 polynomial (cascade._exp2) instead of power(2, x). Then one
+decode step's attention of --decode-rows rows to a shared prefix of --decode-keys keys (cascade._softmax_v, the
+rows' queries folded together), with power(2, x) and with the polynomial.
 
     .venv/bin/python bench/cpu_prefill.py                      # SmolLM2's shape: 9 heads, 3 kv heads, D 64
     .venv/bin/python bench/cpu_prefill.py --heads 32 --kv-heads 8 --dim 128 --n 1024
@@ -43,6 +45,8 @@ def main() -> None:
     ap.add_argument("--offset", default="0,1536", help="keys already cached before each chunk, one per --n")
     ap.add_argument("--blocks", default="64,128,256,512", help="query block sizes to time")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--decode-rows", type=int, default=64)
+    ap.add_argument("--decode-keys", type=int, default=2000)
     args = ap.parse_args()
 
     import mlx.core as mx
@@ -58,6 +62,16 @@ def main() -> None:
         mask = create_causal_mask(n, offset, left_padding=mx.array([0]))
         mx.eval(q, k, v, mask)
         print(f"N {n} after {offset}: " + row((q, k, v, mask), scale, args), flush=True)
+    from omlx_jobs.worker import cascade
+
+    g = args.heads // args.kv_heads
+    q = mx.random.normal((1, args.kv_heads, args.decode_rows * g, args.dim))
+    k = mx.random.normal((1, args.kv_heads, args.decode_keys, args.dim))
+    v = mx.random.normal((1, args.kv_heads, args.decode_keys, args.dim))
+    mx.eval(q, k, v)
+    power = best_ms(lambda: cascade._softmax_v(q, k, v, None, scale), args.repeat)
+    poly = best_ms(lambda: cascade._softmax_v(q, k, v, None, scale, base2=True), args.repeat)
+    print(f"decode, {args.decode_rows} rows x {args.decode_keys} prefix keys: power {power:.2f}, poly {poly:.2f}")
 
 
 def row(inputs: tuple[Any, ...], scale: float, args: argparse.Namespace) -> str:
