@@ -123,6 +123,8 @@ class OmlxWorker(SimpleWorker):
             job = Job.fetch(rq_id, connection=self.connection, serializer=JSONSerializer)
         except NoSuchJobError:
             return None
+        except StopRequested:  # SIGTERM while idle (RQ's handler raises it here): a stop, not a failed claim
+            raise
         except Exception:  # the preference is an optimisation: on any trouble, dequeue as RQ does
             log.exception("taking a shard of the same prefix group failed")
             return None
@@ -160,6 +162,8 @@ class OmlxWorker(SimpleWorker):
             func_name = job.func_name
             if func_name != SHARD_FUNC:
                 raise RefusedPayload(f"refusing job {job.id}: it calls {func_name!r}, not {SHARD_FUNC}")
+        except StopRequested:  # SIGTERM before the shard started: maintenance (RQ cleanup, reconcile) requeues it
+            raise
         except Exception as exc:  # not JSON, or another function: never run it
             log.error("refusing job %s: %s", job.id, exc)
             self._refuse(job, queue, str(exc))
