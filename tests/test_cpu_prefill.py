@@ -8,6 +8,7 @@ from typing import Any
 import mlx.core as mx
 import pytest
 from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache
 
 from omlx_jobs.worker import cpu_prefill
 from omlx_jobs.worker.backend import ModelBackend
@@ -70,6 +71,9 @@ def test_what_keeps_mlxs_path() -> None:
         def cascade_layout(self) -> Any: ...
 
     assert not cpu_prefill.applies(q, k, Cascade(), causal, None)  # cascade.py attends to its levels
+    assert not cpu_prefill.applies(q, k, RotatingKVCache(max_size=64), causal, None)  # keys not in position order
+    assert cpu_prefill.applies(q, k, KVCache(), causal, None)
+    assert cpu_prefill.applies(q, k, BatchKVCache([0]), causal, None)
 
 
 def test_a_warm_up_prefill_through_the_model(tiny_loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:

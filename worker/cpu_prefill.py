@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from omlx_jobs.worker import cascade
 
@@ -33,12 +34,13 @@ BLOCK = 64
 
 
 def applies(queries: mx.array, keys: mx.array, cache: Any, mask: Any, sinks: Any) -> bool:
-    """Whether this prefill chunk goes through `attention` (see the module docstring). Never for a cascade
-    cache (its keys are only the rows' own: cascade.py attends to its levels), whichever wrapper runs first."""
+    """Whether this prefill chunk goes through `attention` (see the module docstring): only with mlx-lm's KVCache
+    or BatchKVCache, whose keys are in position order. Never for a cascade cache (its keys are only the rows'
+    own: cascade.py attends to its levels), whichever wrapper runs first."""
     if not ENABLED or sinks is not None or mx.default_device() != mx.cpu or queries.shape[2] < MIN_QUERIES:
         return False
-    if getattr(cache, "cascade_layout", None) is not None:
-        return False
+    if cache is not None and type(cache) not in (KVCache, BatchKVCache):
+        return False  # a cascade cache (cascade.py attends to its levels), rotating or quantized caches: mlx's path
     if isinstance(mask, str):
         return mask == "causal"
     return (
