@@ -6,6 +6,9 @@ with no prefix; the reference is mx.fast.scaled_dot_product_attention per row ov
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import mlx.core as mx
 
 from omlx_jobs.worker.cascade import Level
@@ -70,3 +73,16 @@ def case(
             )
         )
     return q, k, v, levels_for(chains, segs), mask, start, mx.concatenate(refs)
+
+
+def count_calls(monkeypatch: Any, owner: Any, name: str) -> Callable[[], int]:
+    """Replace owner.name (through pytest's monkeypatch) by a wrapper that counts its calls; returns the count."""
+    real = getattr(owner, name)
+    calls = [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return lambda: calls[0]

@@ -22,6 +22,7 @@ from omlx_jobs.worker.cascade_batch import CascadeBatch, PrefixLevels
 from omlx_jobs.worker.cascade_cache import OWN_STEP
 from omlx_jobs.worker.engine import Engine, EngineConfig, ItemResult, WorkItem
 from omlx_jobs.worker.model import LoadedModel
+from tests.cascade_cases import count_calls
 
 
 def toks(rng: random.Random, n: int) -> list[int]:
@@ -233,17 +234,10 @@ def test_fused_prefill_of_one_group_equals_todays_path(
 ) -> None:
     """GPUs prefill a window whose rows all continue the same levels through mlx's fused attention over the levels
     (broadcast for the layer) and the own keys (cascade_fused.prefill); forced here on the CPU."""
-    calls = Counter[str]()
-    real = cascade_fused.prefill
-
-    def spy(*args: Any) -> mx.array:
-        calls["fused"] += 1
-        return real(*args)
-
     monkeypatch.setattr(cascade_fused, "FUSED_PREFILL", "1")
-    monkeypatch.setattr(cascade_fused, "prefill", spy)
+    fused = count_calls(monkeypatch, cascade_fused, "prefill")
     prompts = job_prompts(seed=3)
     on = run_job(tiny_loaded, prompts, use=True, batch=4)
-    assert calls["fused"] > 0
+    assert fused() > 0
     monkeypatch.setattr(cascade_fused, "FUSED_PREFILL", "0")
     assert on == run_job(tiny_loaded, prompts, use=False, batch=4)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import mlx.core as mx
@@ -13,6 +12,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache
 from omlx_jobs.worker import cpu_prefill
 from omlx_jobs.worker.backend import ModelBackend
 from omlx_jobs.worker.model import LoadedModel
+from tests.cascade_cases import count_calls
 
 
 def qkv(b: int, n: int, total: int, heads: int = 8, kv_heads: int = 2, dim: int = 64) -> tuple[mx.array, ...]:
@@ -79,14 +79,7 @@ def test_what_keeps_mlxs_path() -> None:
 def test_a_warm_up_prefill_through_the_model(tiny_loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
     """The model's prefill (two rows of different lengths, chunks of 64) gives the logits mlx's path gives."""
     backend = ModelBackend(tiny_loaded.model, eos=[0], batch_size=4, prefill_batch_size=4, prefill_step=64)
-    calls = Counter[str]()
-    real = cpu_prefill.attention
-
-    def spy(*args: Any) -> mx.array:
-        calls["blocks"] += 1
-        return real(*args)
-
-    monkeypatch.setattr(cpu_prefill, "attention", spy)
+    blocks = count_calls(monkeypatch, cpu_prefill, "attention")
     suffixes = [[(7 * i) % 370 + 3 for i in range(150)], [(11 * i) % 370 + 3 for i in range(90)]]
     want = [{149, 100}, {89, 3}]
 
@@ -94,7 +87,7 @@ def test_a_warm_up_prefill_through_the_model(tiny_loaded: LoadedModel, monkeypat
         return [d for _, d in backend.prefill([None, None], suffixes, want)]
 
     ours = logits()
-    assert calls["blocks"] > 0
+    assert blocks() > 0
     monkeypatch.setattr(cpu_prefill, "ENABLED", False)
     theirs = logits()
     for a, b in zip(ours, theirs, strict=True):

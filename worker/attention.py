@@ -197,6 +197,13 @@ def route(
 
 def install(model: Any) -> bool:
     """Wrap the model module's scaled_dot_product_attention (once); False if this model type is not eligible."""
+    return wrap(model, "_omlx_ragged", route)
+
+
+def wrap(model: Any, marker: str, routing: Callable[..., mx.array]) -> bool:
+    """Replace the model module's scaled_dot_product_attention by `routing(original, queries, keys, values, cache,
+    scale, mask, sinks)`, once per `marker` (found under other wrappers too: attention.py, cascade.py and
+    cpu_prefill.py stack theirs in any order); False if the model type's attention is not one of MODEL_TYPES'."""
     if getattr(model, "model_type", None) not in MODEL_TYPES:
         return False
     module = sys.modules.get(type(model).__module__)
@@ -204,8 +211,8 @@ def install(model: Any) -> bool:
     if module is None or original is None:
         return False
     wrapped = original
-    while wrapped is not None:  # installed already, maybe under another wrapper (cascade.install)
-        if getattr(wrapped, "_omlx_ragged", False):
+    while wrapped is not None:
+        if getattr(wrapped, marker, False):
             return True
         wrapped = getattr(wrapped, "__wrapped__", None)
 
@@ -218,9 +225,9 @@ def install(model: Any) -> bool:
         mask: Any,
         sinks: Any = None,
     ) -> mx.array:
-        return route(original, queries, keys, values, cache, scale, mask, sinks)
+        return routing(original, queries, keys, values, cache, scale, mask, sinks)
 
-    scaled_dot_product_attention._omlx_ragged = True  # type: ignore[attr-defined]
+    setattr(scaled_dot_product_attention, marker, True)
     scaled_dot_product_attention.__wrapped__ = original  # type: ignore[attr-defined]
     module.scaled_dot_product_attention = scaled_dot_product_attention
     return True

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ import mlx.core as mx
 from omlx_jobs.worker import attention as ragged
 from omlx_jobs.worker import cascade_fused as fused
 
-MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+MODEL_TYPES = ragged.MODEL_TYPES  # the attention code they share is wrapped by ragged.wrap
 NEG_INF = float("-inf")
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -237,7 +236,7 @@ def attention(
     mx ops, split into chunks of query positions when long.
     """
     b, h, n, _ = q.shape
-    if n == 1 and levels and start is not None and buffers is not None and fused.use_decode(q):
+    if n == 1 and levels and start is not None and buffers is not None and fused.use_decode():
         return fused.decode(q, *buffers, k.shape[2], start, levels, scale)
     if n == 1:
         kernel = getattr(_state, "kernel", None)
@@ -330,52 +329,34 @@ def kernel_enabled(kernel: Callable[..., mx.array] | None = None) -> Iterator[No
         _state.kernel = previous
 
 
-def _installed(fn: Any, marker: str) -> bool:
-    while fn is not None:
-        if getattr(fn, marker, False):
-            return True
-        fn = getattr(fn, "__wrapped__", None)
-    return False
-
-
 def install(model: Any) -> bool:
     """Route the model module's attention call to `attention` for cascade caches (once); False if not eligible.
 
     Any other cache goes to the call that was there (mlx-lm's, or the ragged decode wrapper of attention.py), and
     a cascade cache whose batch holds no level goes there too with its own suffix cache, as today's path.
     """
-    if getattr(model, "model_type", None) not in MODEL_TYPES:
-        return False
-    module = sys.modules.get(type(model).__module__)
-    original = getattr(module, "scaled_dot_product_attention", None)
-    if module is None or original is None:
-        return False
-    if _installed(original, "_omlx_cascade"):
-        return True
+    return ragged.wrap(model, "_omlx_cascade", _route)
 
-    def scaled_dot_product_attention(
-        queries: mx.array,
-        keys: mx.array,
-        values: mx.array,
-        cache: Any,
-        scale: float,
-        mask: Any,
-        sinks: Any = None,
-    ) -> mx.array:
-        layout = getattr(cache, "cascade_layout", None)
-        if layout is None:
-            return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
-        levels, own = layout()
-        if not levels:  # today's path on the own suffixes (the ragged kernel too, if it wraps this call)
-            return ragged.route(original, queries, keys, values, own, scale, mask, sinks)
-        if sinks is not None:
-            raise NotImplementedError("cascade attention has no attention sinks; this model must keep KVCache")
-        return attention(queries, keys, values, levels, scale, mask, own.left_padding, (own.keys, own.values))
 
-    scaled_dot_product_attention._omlx_cascade = True  # type: ignore[attr-defined]
-    scaled_dot_product_attention.__wrapped__ = original  # type: ignore[attr-defined]
-    module.scaled_dot_product_attention = scaled_dot_product_attention
-    return True
+def _route(
+    original: Callable[..., mx.array],
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    cache: Any,
+    scale: float,
+    mask: Any,
+    sinks: Any,
+) -> mx.array:
+    layout = getattr(cache, "cascade_layout", None)
+    if layout is None:
+        return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+    levels, own = layout()
+    if not levels:  # today's path on the own suffixes (the ragged kernel too, if it wraps this call)
+        return ragged.route(original, queries, keys, values, own, scale, mask, sinks)
+    if sinks is not None:
+        raise NotImplementedError("cascade attention has no attention sinks; this model must keep KVCache")
+    return attention(queries, keys, values, levels, scale, mask, own.left_padding, (own.keys, own.values))
 
 
 def eligible(model: Any) -> bool:

@@ -49,8 +49,8 @@ def use_prefill(levels: Sequence[Level]) -> bool:
     return FUSED_PREFILL == "1" or mx.default_device() != mx.cpu
 
 
-def use_decode(q: mx.array) -> bool:
-    """Whether a decode step of queries q [B, H, 1, D] goes through `decode` (see FUSED_DECODE)."""
+def use_decode() -> bool:
+    """Whether decode steps go through `decode` (see FUSED_DECODE)."""
     return FUSED_DECODE == "1"
 
 

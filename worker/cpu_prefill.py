@@ -16,15 +16,15 @@ queries and the cache's keys) keep mlx's path, as do decode steps, models with s
 from __future__ import annotations
 
 import os
-import sys
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from omlx_jobs.worker import cascade
+from omlx_jobs.worker.attention import wrap
 
-MODEL_TYPES = cascade.MODEL_TYPES
 ENABLED = os.environ.get("OMLX_JOBS_CPU_PREFILL", "1") != "0"
 """OMLX_JOBS_CPU_PREFILL=0 leaves every prefill chunk to mlx's attention (as before this module)."""
 MIN_QUERIES = 32
@@ -74,32 +74,19 @@ def install(model: Any) -> bool:
     False if the model type is not one whose attention passes mlx-lm's mask and cache straight to that call.
     Installed first, so the ragged and cascade wrappers (attention.py, cascade.py) call it for what they pass on.
     """
-    if getattr(model, "model_type", None) not in MODEL_TYPES:
-        return False
-    module = sys.modules.get(type(model).__module__)
-    original = getattr(module, "scaled_dot_product_attention", None)
-    if module is None or original is None:
-        return False
-    wrapped = original
-    while wrapped is not None:
-        if getattr(wrapped, "_omlx_cpu_prefill", False):
-            return True
-        wrapped = getattr(wrapped, "__wrapped__", None)
+    return wrap(model, "_omlx_cpu_prefill", _route)
 
-    def scaled_dot_product_attention(
-        queries: mx.array,
-        keys: mx.array,
-        values: mx.array,
-        cache: Any,
-        scale: float,
-        mask: Any,
-        sinks: Any = None,
-    ) -> mx.array:
-        if applies(queries, keys, cache, mask, sinks):
-            return attention(queries, keys, values, scale, mask)
-        return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
-    scaled_dot_product_attention._omlx_cpu_prefill = True  # type: ignore[attr-defined]
-    scaled_dot_product_attention.__wrapped__ = original  # type: ignore[attr-defined]
-    module.scaled_dot_product_attention = scaled_dot_product_attention
-    return True
+def _route(
+    original: Callable[..., mx.array],
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    cache: Any,
+    scale: float,
+    mask: Any,
+    sinks: Any,
+) -> mx.array:
+    if applies(queries, keys, cache, mask, sinks):
+        return attention(queries, keys, values, scale, mask)
+    return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
