@@ -1,8 +1,9 @@
 """Cascade attention through mlx's fused attention (worker/cascade_fused.py): the same as over concatenated keys.
 
 With OMLX_JOBS_CASCADE_FUSED_DECODE=1 decode steps put the rows along the query axis and mask each row to its
-levels and its own suffix (cuDNN on CUDA); here, on the CPU, mlx's attention takes the same inputs (unfused), so the masks and layouts are
-checked against the per-row reference of tests/cascade_cases.py and through the real engine.
+levels and its own suffix (cuDNN on CUDA); here, on the CPU, mlx's attention takes the same inputs (unfused),
+so the masks and layouts are checked against the per-row reference of tests/cascade_cases.py and through the
+real engine.
 """
 
 from __future__ import annotations
