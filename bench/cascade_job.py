@@ -3,6 +3,8 @@
 One preamble (a document or system prompt) of --preamble tokens, then --questions requests, each the preamble
 followed by its own --question-tokens random tokens; --max-tokens out, EOS ignored everywhere. Side by side:
   cascade      omlx-jobs, whole job (store rows -> every result stored), rows reference the cached preamble
+  mxprefix     cascade with its CUDA decode steps attending the preamble in mx ops, not worker/cascade_prefix.py's
+               kernel (OMLX_JOBS_CASCADE_PREFIX_KERNEL=0); on other devices the same as cascade
   off          the same with cascade off (as OMLX_JOBS_CASCADE=0): each row holds a copy of the preamble
   today        off, and on the CPU also without worker/cpu_prefill.py (OMLX_JOBS_CPU_PREFILL=0): the engine as it
                was before cascade attention (on GPUs the same as off, which it then need not be run beside)
@@ -37,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import omlx_jobs.worker  # fast BLAS before mlx
 
-RUNS = ("cascade", "off", "today", "bg")
+RUNS = ("cascade", "mxprefix", "off", "today", "bg")
 
 
 def prompts_for(vocab: int, preamble: int, questions: int, question_tokens: int, seed: int = 0) -> list[list[int]]:
@@ -81,7 +83,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         ignore_eos=True,
         min_shared_tokens=args.min_shared_tokens,
         cache_memory=None,
-        cascade=args.child == "cascade",
+        cascade=args.child in ("cascade", "mxprefix"),
     )
     gpu = mx.default_device() == mx.gpu
     with tempfile.TemporaryDirectory() as tmp:
@@ -115,6 +117,8 @@ def spawn(args: argparse.Namespace, run: str) -> dict[str, Any]:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     if run == "today":
         env["OMLX_JOBS_CPU_PREFILL"] = "0"
+    if run == "mxprefix":
+        env["OMLX_JOBS_CASCADE_PREFIX_KERNEL"] = "0"
     out = subprocess.run(argv, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         print(f"-- {run} failed (exit {out.returncode}):\n{out.stderr[-3000:]}", flush=True)
@@ -143,10 +147,10 @@ def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
     by = {r["run"]: r for r in rows if "error" not in r}
     ratios: dict[str, float] = {}
     c = by.get("cascade")
-    for other in ("off", "today", "bg"):
+    for other in ("mxprefix", "off", "today", "bg"):
         if c and other in by:
             ratios[f"wall_{other}_over_cascade"] = round(by[other]["seconds"] / c["seconds"], 2)
-    for other in ("off", "today"):
+    for other in ("mxprefix", "off", "today"):
         if c and other in by and c.get("decode_s"):
             ratios[f"decode_{other}_over_cascade"] = round(by[other]["decode_s"] / c["decode_s"], 2)
     print("ratios:", ratios)
@@ -164,7 +168,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--prefill-batch-size", type=int, default=8)
     ap.add_argument("--min-shared-tokens", type=int, default=16)
-    ap.add_argument("--runs", default="cascade,off,bg", help="any of cascade,off,today,bg")
+    ap.add_argument("--runs", default="cascade,off,bg", help="any of cascade,mxprefix,off,today,bg")
     ap.add_argument(
         "--warm",
         choices=("small", "job"),

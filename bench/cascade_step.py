@@ -7,11 +7,13 @@ Side by side in one run, for each row count R (a shared prefix of P tokens plus 
   today S     the same at S tokens (default 128): the goal is cascade at P shared <= 1.3x this
   cascade     CascadeKVCache (worker/cascade_cache.py): one copy of the prefix, O own tokens per row;
               mx ops ("mx", compiled on GPUs; "eager": op by op), on CUDA with the suffix kernel
-              ("kernel", worker/cascade_kernel.py), and on GPUs through mlx's fused attention with the rows
-              along the query axis ("fused", worker/cascade_fused.py: cuDNN on CUDA; the default there)
+              ("kernel", worker/cascade_kernel.py; the prefix levels in mx ops), with the suffix kernel and the
+              tensor-core prefix kernel ("prefix", worker/cascade_prefix.py; the default on CUDA), and on GPUs
+              through mlx's fused attention with the rows along the query axis ("fused", worker/cascade_fused.py:
+              cuDNN on CUDA; opt-in)
   admit       admitting requests that share the prefix: today each gets a copy of it, cascade references it
-  check       (CUDA) the cascade kernel against its mx-ops reference, and cascade attention against
-              mx.fast attention over each row's concatenated keys, head sizes 64/96/128/256, fp32 and bf16
+  check       (CUDA) the cascade kernels against their mx-ops references, and cascade attention against
+              mx.fast attention over each row's concatenated keys, head sizes 64/96/128/256, fp32, bf16, fp16
   floor       where a small-context step goes: Python graph construction vs evaluation, graph nodes per
               step, the weights' matmuls alone, and an mx.compile'd fixed-shape decode step vs uncompiled
 
@@ -31,12 +33,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.models import load_bench_model
-from bench.steps import floor, graph_nodes, own_caches, random_array, timed
+from bench.steps import floor, graph_nodes, own_caches, random_array, stacked_ms, timed
 from omlx_jobs.worker import (  # the worker package loads a fast BLAS first
     attention,
     cascade,
     cascade_fused,
     cascade_kernel,
+    cascade_prefix,
 )
 from omlx_jobs.worker.cascade_cache import CascadeKVCache, Segment
 
@@ -94,6 +97,15 @@ def _eager() -> Any:
 
 
 @contextlib.contextmanager
+def _prefix_kernel(on: bool) -> Any:
+    previous, cascade_prefix.ENABLED = cascade_prefix.ENABLED, on
+    try:
+        yield
+    finally:
+        cascade_prefix.ENABLED = previous
+
+
+@contextlib.contextmanager
 def _fused_decode(value: str) -> Any:
     previous, cascade_fused.FUSED_DECODE = cascade_fused.FUSED_DECODE, value
     try:
@@ -103,14 +115,15 @@ def _fused_decode(value: str) -> Any:
 
 
 def route(mode: str, cuda: bool) -> Any:
-    """The attention routing of a mode: ragged (today on CUDA), kernel (cascade's), eager (cascade uncompiled),
-    fused (cascade_fused.decode: mlx's fused attention, the rows along the query axis); cascade's mx and kernel
-    modes with the fused decode off."""
+    """The attention routing of a mode: ragged (today on CUDA), kernel (cascade's suffix kernel, prefix in mx ops),
+    prefix (both cascade kernels), eager (cascade uncompiled), fused (cascade_fused.decode: mlx's fused attention,
+    the rows along the query axis); the other modes with the fused decode off."""
     stack = contextlib.ExitStack()
     if mode == "ragged" and cuda:
         stack.enter_context(attention.enabled())
     stack.enter_context(_fused_decode("1" if mode == "fused" else "0"))
-    if mode == "kernel":
+    if mode in ("kernel", "prefix"):
+        stack.enter_context(_prefix_kernel(mode == "prefix"))
         stack.enter_context(cascade.kernel_enabled())
     if mode == "eager":
         stack.enter_context(_eager())
@@ -133,6 +146,7 @@ def compare(model: Any, rows: int, args: argparse.Namespace, dtype: Any, cuda: b
         runs.append(("cascade_eager", shared, "eager"))
     if cuda:
         runs.append(("cascade_kernel", shared, "kernel"))
+        runs.append(("cascade_prefix", shared, "prefix"))
     if gpu:
         runs.append(("cascade_fused", shared, "fused"))
     times: dict[str, list[float]] = {name: [] for name, _, _ in runs}
@@ -159,6 +173,7 @@ def compare(model: Any, rows: int, args: argparse.Namespace, dtype: Any, cuda: b
     out |= {f"{name}_build": statistics.median(ts) for name, ts in builds.items() if ts}
     out |= {f"{name}_nodes": n for name, n in nodes.items()}
     out.setdefault("cascade_kernel", float("nan"))
+    out.setdefault("cascade_prefix", float("nan"))
     out.setdefault("cascade_eager", float("nan"))
     out.setdefault("cascade_fused", float("nan"))
     return out
@@ -192,15 +207,34 @@ def layer_ms(model: Any, full: Any, shared: Any, iters: int, cuda: bool) -> dict
         "layer_mx": timed(lambda: cascade.attention(q, ok, ov, levels, scale, own_mask, own.left_padding), iters),
         "layer_prefix": timed(lambda: prefix_part(q, *flat), iters),
         "layer_kernel": float("nan"),
+        "layer_prefix_kernel": float("nan"),
+        "layer_both": float("nan"),
         "layer_fused": timed(
             lambda: cascade_fused.decode(q, own.keys, own.values, own._idx, own.left_padding, levels, scale), iters
         ),
     }
+    # The same, as a step runs them: one call per layer, the model's layers evaluated at once (per layer, ms).
+    layers = len(model.layers)
+
+    def stacked(fn: Any) -> tuple[float, float]:
+        return stacked_ms(fn, layers, max(2, iters // 4))
+
+    out["stack_prefix"] = stacked(lambda: prefix_part(q, *flat))
+    for name in ("stack_today", "stack_kernel", "stack_prefix_kernel", "stack_both"):
+        out[name] = (float("nan"), float("nan"))
     if cuda:
-        with cascade.kernel_enabled():
-            out["layer_kernel"] = timed(
-                lambda: cascade.attention(q, ok, ov, levels, scale, own_mask, own.left_padding), iters
-            )
+        out["stack_today"] = stacked(lambda: attention.ragged_decode(q, k, v, full.left_padding, scale))
+        whole = lambda: cascade.attention(q, ok, ov, levels, scale, own_mask, own.left_padding)  # noqa: E731
+        with _prefix_kernel(False), cascade.kernel_enabled():
+            out["layer_kernel"] = timed(whole, iters)
+            out["stack_kernel"] = stacked(whole)
+        if cascade.prefix_supported(q.dtype, a.num_attention_heads, kv_heads, a.head_dim):
+            part = lambda: cascade._prefix_levels(q, levels, scale, cascade_prefix.prefix_decode)  # noqa: E731
+            out["layer_prefix_kernel"] = timed(part, iters)
+            out["stack_prefix_kernel"] = stacked(part)
+            with _prefix_kernel(True), cascade.kernel_enabled():
+                out["layer_both"] = timed(whole, iters)
+                out["stack_both"] = stacked(whole)
     return out
 
 
@@ -251,7 +285,7 @@ def check_kernel() -> None:
     spec.loader.exec_module(cases)
     case = cases.case
     nan = float("nan")
-    for dtype in (mx.float32, mx.bfloat16):
+    for dtype in (mx.float32, mx.bfloat16, mx.float16):
         for dim in (64, 96, 128, 256):
             for heads, kv_heads in ((32, 8), (8, 8)):
                 q, k, v, levels, mask, start, ref = case(heads=heads, kv_heads=kv_heads, dim=dim, n=1, dtype=dtype)
@@ -267,14 +301,89 @@ def check_kernel() -> None:
                     errors[1:] = [mx.abs(kern - want).max().item(), mx.abs(whole - ref).max().item()]
                     fused = cascade_fused.decode(q, k, v, k.shape[2], start, levels, scale).astype(mx.float32)
                     errors.append(mx.abs(fused - ref).max().item())
+                    with _prefix_kernel(True), cascade.kernel_enabled():
+                        both = cascade.attention(q, k, v, levels, scale, mask, start).astype(mx.float32)
+                    errors.append(mx.abs(both - ref).max().item())
                 except Exception as exc:  # report it and go on: the mx path's figures still count
                     print(f"check: the kernel failed: {type(exc).__name__}: {str(exc)[:500]}", flush=True)
                 print(
                     f"check {str(dtype).split('.')[-1]:>8} D={dim:3d} H={heads:2d} kvH={kv_heads}: vs sdpa over the "
                     f"concatenation: mx path {errors[0]:.2e}, kernel path {errors[2]:.2e}, fused decode "
-                    f"{errors[3] if len(errors) > 3 else nan:.2e}; kernel vs its reference {errors[1]:.2e}",
+                    f"{errors[3] if len(errors) > 3 else nan:.2e}, both kernels "
+                    f"{errors[4] if len(errors) > 4 else nan:.2e}"
+                    f"{'' if cascade.prefix_supported(dtype, heads, kv_heads, dim) else ' (prefix in mx ops)'}; "
+                    f"kernel vs its reference {errors[1]:.2e}",
                     flush=True,
                 )
+
+
+def check_prefix_kernel() -> None:
+    """The prefix kernel against its mx-ops reference, split by split: all rows or a subset, lengths off the key
+    tile, keys that are views into longer buffers (strided, offset), as the engine's levels are."""
+    import mlx.core as mx
+
+    mx.random.seed(3)
+    shapes = [(128, 32, 8, 3072, False), (7, 32, 8, 1000, True), (3, 8, 8, 37, False), (33, 16, 2, 517, True)]
+    for dtype in (mx.bfloat16, mx.float16):
+        for dim in (64, 96, 128):
+            for batch, heads, kv_heads, length, subset in shapes:
+                q = random_array((batch, heads, 1, dim), dtype)
+                buffers = [random_array((1, kv_heads, length + 40, dim), dtype) for _ in range(2)]
+                keys, values = (b[:, :, 3 : 3 + length] for b in buffers)
+                rows = mx.array(list(range(1, batch, 2)), mx.int32) if subset else None
+                scale = dim**-0.5
+                try:
+                    o, lse = cascade_prefix.prefix_decode(q, keys, values, rows, scale)
+                    want_o, want_lse = cascade_prefix.prefix_decode_reference(q, keys, values, rows, scale)
+                    err_o = mx.abs(o - want_o).max().item()
+                    err_lse = mx.abs(mx.where(mx.isinf(want_lse), 0.0, lse - want_lse)).max().item()
+                    same_inf = bool(mx.array_equal(mx.isinf(lse), mx.isinf(want_lse)).item())
+                    print(
+                        f"check prefix kernel {str(dtype).split('.')[-1]:>8} D={dim:3d} rows={batch:3d}"
+                        f"{' (every other)' if subset else ''} H={heads} kvH={kv_heads} P={length} in "
+                        f"{o.shape[0]} parts: o {err_o:.2e}, lse {err_lse:.2e}, empty parts agree {same_inf}",
+                        flush=True,
+                    )
+                except Exception as exc:
+                    print(f"check prefix kernel: failed: {type(exc).__name__}: {str(exc)[:800]}", flush=True)
+                    return
+
+
+def tune_prefix_kernel(model: Any, rows_list: list[int], prefix: int, iters: int) -> None:
+    """The prefix kernel's part of a layer (kernel + merge of its splits) by warps per block and blocks aimed at,
+    per layer in a stack of the model's layers, beside the mx-ops prefix part it replaces."""
+    import mlx.core as mx
+
+    a = model.args
+    dtype = model.layers[0].self_attn.q_proj.weight.dtype
+    if not cascade.prefix_supported(dtype, a.num_attention_heads, a.num_key_value_heads, a.head_dim):
+        return
+    layers, kv_heads, g = len(model.layers), a.num_key_value_heads, a.num_attention_heads // a.num_key_value_heads
+    scale = a.head_dim**-0.5
+    keys, values = (random_array((1, kv_heads, prefix, a.head_dim), dtype) for _ in range(2))
+    levels = [cascade.Level(keys, values, None, None)]
+    mx_part = cascade._decode_step(kv_heads, g, scale, (False,), kernel=True)
+
+    def stacked(fn: Any) -> str:
+        total, build = stacked_ms(fn, layers, max(2, iters // 4))
+        return f"{total:.3f} ({build:.3f} building)"
+
+    saved = cascade_prefix._WARPS, cascade_prefix.TARGET_BLOCKS
+    try:
+        for rows in rows_list:
+            q = random_array((rows, a.num_attention_heads, 1, a.head_dim), dtype)
+            mx.eval(q, keys, values)
+            cells = [f"mx ops {stacked(lambda q=q: mx_part(q, keys, values))}"]
+            for warps in (4, 8):
+                for target in (132, 264, 528):
+                    cascade_prefix._WARPS, cascade_prefix.TARGET_BLOCKS = warps, target
+                    parts = cascade_prefix.splits(rows * g, kv_heads, prefix)
+                    ms = stacked(lambda q=q: cascade._prefix_levels(q, levels, scale, cascade_prefix.prefix_decode))
+                    cells.append(f"{warps}w/{target} ({parts} parts) {ms}")
+            head = f"tune prefix part, {rows} rows x {prefix} keys, ms per layer (of it Python building): "
+            print(head + ", ".join(cells), flush=True)
+    finally:
+        cascade_prefix._WARPS, cascade_prefix.TARGET_BLOCKS = saved
 
 
 def print_steps(model: Any, args: argparse.Namespace, dtype: Any, cuda: bool, gpu: bool) -> None:
@@ -285,27 +394,37 @@ def print_steps(model: Any, args: argparse.Namespace, dtype: Any, cuda: bool, gp
     )
     print(
         f"{'rows':>4} | {'today ' + str(s):>10} {'today ' + str(p + o):>10} | {'cascade mx':>10} {'eager':>7} "
-        f"{'kernel':>7} {'fused':>7} | {'tok/s today':>11} {'cascade':>8} | {'best/today ' + str(s):>14} "
+        f"{'kernel':>7} {'prefix':>7} {'fused':>7} | {'tok/s today':>11} {'cascade':>8} | {'best/today ' + str(s):>14} "
         f"{'today/best':>10}"
     )
     for rows in [int(x) for x in args.rows.split(",")]:
         t = compare(model, rows, args, dtype, cuda, gpu)
-        paths = (t["cascade_mx"], t["cascade_eager"], t["cascade_kernel"], t["cascade_fused"])
+        paths = (t["cascade_mx"], t["cascade_eager"], t["cascade_kernel"], t["cascade_prefix"], t["cascade_fused"])
         best = min([x for x in paths if x == x] or [float("nan")])
         print(
             f"{rows:4d} | {t['today_small']:10.2f} {t['today_full']:10.2f} | {t['cascade_mx']:10.2f} "
-            f"{t['cascade_eager']:7.2f} {t['cascade_kernel']:7.2f} {t['cascade_fused']:7.2f} | "
+            f"{t['cascade_eager']:7.2f} {t['cascade_kernel']:7.2f} {t['cascade_prefix']:7.2f} "
+            f"{t['cascade_fused']:7.2f} | "
             f"{rows / t['today_full'] * 1000:11.0f} "
             f"{rows / best * 1000:8.0f} | {best / t['today_small']:13.2f}x {t['today_full'] / best:9.2f}x",
             flush=True,
         )
-        names = ["today_small", "today_full", "cascade_mx", "cascade_eager", "cascade_kernel", "cascade_fused"]
+        names = ["today_small", "today_full", "cascade_mx", "cascade_eager", "cascade_kernel", "cascade_prefix"]
+        names.append("cascade_fused")
         names = [n for n in names if n in t]
         built = ", ".join(f"{n} {t[n + '_build']:.2f} ({t[n + '_nodes']} nodes)" for n in names if f"{n}_build" in t)
         print(f"     of which Python building the step's graph, ms: {built}", flush=True)
         print(
             f"     one layer's attention alone, ms: today {t['layer_today']:.3f}, cascade mx {t['layer_mx']:.3f} "
-            f"(its prefix part {t['layer_prefix']:.3f}), kernel {t['layer_kernel']:.3f}, fused {t['layer_fused']:.3f}",
+            f"(its prefix part {t['layer_prefix']:.3f}), kernel {t['layer_kernel']:.3f}, fused {t['layer_fused']:.3f}, "
+            f"both kernels {t['layer_both']:.3f} (the prefix kernel's part {t['layer_prefix_kernel']:.3f})",
+            flush=True,
+        )
+        st = {k: f"{t[k][0]:.3f} ({t[k][1]:.3f})" for k in t if k.startswith("stack_")}
+        print(
+            f"     per layer in a stack of the model's layers, ms (of it Python building): today {st['stack_today']}, "
+            f"kernel {st['stack_kernel']} (its prefix part in mx ops {st['stack_prefix']}), both kernels "
+            f"{st['stack_both']} (the prefix kernel's part {st['stack_prefix_kernel']})",
             flush=True,
         )
 
@@ -344,6 +463,7 @@ def main() -> None:
         attention.available = lambda: True
         attention.ragged_decode = attention.ragged_reference
         cascade_kernel.suffix_decode = cascade_kernel.suffix_decode_reference
+        cascade_prefix.prefix_decode = cascade_prefix.prefix_decode_reference
     loaded = load_bench_model(args.model, dtype=args.dtype)
     model = loaded.model
     cuda = attention.available() and attention.install(model)
@@ -358,7 +478,9 @@ def main() -> None:
         flush=True,
     )
     if cuda and "check" not in skip:
+        check_prefix_kernel()
         check_kernel()
+        tune_prefix_kernel(model, [int(x) for x in args.rows.split(",")], args.prefix, args.iters)
     if "step" not in skip:
         print_steps(model, args, dtype, cuda, gpu)
     if "admit" not in skip:

@@ -35,6 +35,26 @@ def timed(fn: Callable[[], Any], iters: int) -> float:
     return (time.perf_counter() - t) / iters * 1000
 
 
+def stacked_ms(fn: Callable[[], Any], layers: int, iters: int) -> tuple[float, float]:
+    """Milliseconds per call when `layers` calls are built and then evaluated at once (as a step runs its layers),
+    and of that the milliseconds per call of Python building them (the rest is mlx evaluating them)."""
+    import mlx.core as mx
+
+    for _ in range(2):
+        mx.eval([fn() for _ in range(layers)])
+    mx.synchronize()
+    total = build = 0.0
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        outs = [fn() for _ in range(layers)]
+        t1 = time.perf_counter()
+        mx.eval(outs)
+        mx.synchronize()
+        total += time.perf_counter() - t0
+        build += t1 - t0
+    return total / iters / layers * 1000, build / iters / layers * 1000
+
+
 def random_array(shape: tuple[int, ...], dtype: Any) -> Any:
     import mlx.core as mx
 

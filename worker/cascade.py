@@ -242,6 +242,9 @@ def attention(
         kernel = getattr(_state, "kernel", None)
         if not (kernel is not None and levels and start is not None and ragged.supported(h, k.shape[1], q.shape[-1])):
             kernel = None
+        prefix = getattr(_state, "prefix", None) if kernel is not None else None
+        if prefix is not None and prefix_supported(q.dtype, h, k.shape[1], q.shape[-1]):
+            return kernel(q, k, v, start, *_prefix_levels(q, levels, scale, prefix), scale)
         step = _decode_step(k.shape[1], h // k.shape[1], scale, tuple(lv.rows is not None for lv in levels), kernel)
         own = [] if kernel is not None else [k, v, mask if mask is not None else mx.array(True)]
         flat = [x for lv in levels for x in (lv.keys, lv.values, lv.rows, lv.slot, lv.member) if x is not None]
@@ -311,22 +314,91 @@ def _decode_graph(
     return decode
 
 
-@contextlib.contextmanager
-def kernel_enabled(kernel: Callable[..., mx.array] | None = None) -> Iterator[None]:
-    """Merge decode steps' suffixes in `kernel` (default: the CUDA kernel) while the block runs.
+def _prefix_levels(
+    q: mx.array, levels: Sequence[Level], scale: float, prefix: Callable[..., tuple[mx.array, mx.array]]
+) -> tuple[mx.array, mx.array]:
+    """The levels' merged (o [B, H, 1, D], lse [B, H, 1]) from `prefix` (cascade_prefix.prefix_decode's contract)."""
+    flat, structure = [], []
+    for lv in levels:
+        o, lse = prefix(q, lv.keys, lv.values, lv.rows, scale)
+        flat += [o, lse, *((lv.slot, lv.member) if lv.rows is not None else ())]
+        structure.append((lv.rows is not None, o.shape[0] == 1))
+    # Keyed on the head count and size too: mlx 0.32.4's shapeless compile keeps a gather's (mx.take's) slice shape.
+    key = (tuple(structure), q.shape[1], q.shape[3], _compiling())
+    fn = _merges.get(key)
+    if fn is None:
+        if len(_merges) >= 256:
+            _merges.clear()
+        fn = _merge_levels(tuple(structure))
+        fn = _merges[key] = mx.compile(fn, shapeless=True) if _compiling() else fn
+    return fn(*flat)
 
-    Outside it, and for prefill chunks, cascade attention is mx ops. Tests pass the kernel's mx-ops reference.
+
+_merges: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+
+def _merge_levels(structure: tuple[tuple[bool, bool], ...]) -> Callable[..., tuple[mx.array, mx.array]]:
+    """merged(*[o_parts, lse_parts, (slot, member)] per level) -> (o [B, H, 1, D], lse [B, H, 1]): shapeless.
+
+    structure: per level, whether it has rows (a subset of the batch) and whether its keys are in one part (no
+    reduction over the parts: mlx 0.32.4's shapeless compile crashes on a reduction over an axis of size 1).
+    """
+
+    def merged(*arrays: mx.array) -> tuple[mx.array, mx.array]:
+        acc, i = None, 0
+        for has_rows, single in structure:
+            if single:
+                o, lse = mx.squeeze(arrays[i], 0), mx.squeeze(arrays[i + 1], 0)
+            else:
+                o, lse = _merge_splits(arrays[i], arrays[i + 1])
+            o, lse = mx.expand_dims(o, 2), mx.expand_dims(lse, 2)
+            if has_rows:
+                o, lse = _scatter_rows(o, lse, arrays[i + 2], arrays[i + 3])
+            i += 4 if has_rows else 2
+            acc = (o, lse) if acc is None else _merge2(*acc, o, lse)
+        assert acc is not None, "a decode step's prefix attends to some level"
+        return acc
+
+    return merged
+
+
+def _merge_splits(o: mx.array, lse: mx.array) -> tuple[mx.array, mx.array]:
+    """o [S, ..., D], lse [S, ...]: attention over S disjoint parts of the keys, merged into one (o, lse)."""
+    m = lse.max(axis=0)
+    m = mx.where(m == NEG_INF, 0.0, m)
+    w = mx.exp(lse - m)
+    total = w.sum(axis=0)
+    return (o * w[..., None]).sum(axis=0) / mx.maximum(total, 1e-30)[..., None], m + mx.log(total)
+
+
+def prefix_supported(dtype: Any, heads: int, kv_heads: int, dim: int) -> bool:
+    from omlx_jobs.worker import cascade_prefix
+
+    return cascade_prefix.supported(dtype, heads, kv_heads, dim)
+
+
+@contextlib.contextmanager
+def kernel_enabled(
+    kernel: Callable[..., mx.array] | None = None, prefix: Callable[..., tuple[mx.array, mx.array]] | None = None
+) -> Iterator[None]:
+    """Merge decode steps' suffixes in `kernel` and attend their prefix levels in `prefix` while the block runs.
+
+    Defaults: the CUDA kernels (cascade_kernel.suffix_decode; cascade_prefix.prefix_decode where it takes the
+    dtype and head size, unless cascade_prefix.ENABLED is off: then the levels are mx ops). Outside the block, and
+    for prefill chunks, cascade attention is mx ops. Tests pass the kernels' mx-ops references.
     """
     if kernel is None:
-        from omlx_jobs.worker import cascade_kernel
+        from omlx_jobs.worker import cascade_kernel, cascade_prefix
 
         kernel = cascade_kernel.suffix_decode
-    previous = getattr(_state, "kernel", None)
-    _state.kernel = kernel
+        if prefix is None and cascade_prefix.ENABLED:
+            prefix = cascade_prefix.prefix_decode
+    previous = getattr(_state, "kernel", None), getattr(_state, "prefix", None)
+    _state.kernel, _state.prefix = kernel, prefix
     try:
         yield
     finally:
-        _state.kernel = previous
+        _state.kernel, _state.prefix = previous
 
 
 def install(model: Any) -> bool:

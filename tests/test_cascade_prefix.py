@@ -1,0 +1,94 @@
+"""The prefix levels of a cascade decode step through cascade_prefix's contract (its CUDA kernel's, here its mx-ops
+reference): the keys split into parts, each part's (o, lse), the parts merged and scattered back to the batch.
+
+The CUDA kernel itself is checked against the reference on the GPU (bench/cascade_step.py `check`).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from omlx_jobs.worker import cascade, cascade_kernel, cascade_prefix
+from tests.cascade_cases import case
+
+TOLERANCE = {mx.bfloat16: 3e-2, mx.float16: 5e-3}
+SEGMENTS = [150, 70, 14, 9]  # longer than a key tile (32): a level splits into several parts, some of them empty
+
+
+def spy(calls: list[int]) -> object:
+    def prefix(*args: mx.array) -> tuple[mx.array, mx.array]:
+        o, lse = cascade_prefix.prefix_decode_reference(*args)
+        calls.append(o.shape[0])
+        return o, lse
+
+    return prefix
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
+def test_split_levels_merged_equal_attention_over_the_concatenated_keys(
+    dtype: mx.Dtype, compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cascade_prefix, "MIN_SPLIT", 16)
+    monkeypatch.setattr(cascade, "_compiling", lambda: compiled)
+    q, k, v, levels, mask, start, ref = case(heads=16, kv_heads=4, dim=128, n=1, dtype=dtype, segments=SEGMENTS)
+    calls: list[int] = []
+    with cascade.kernel_enabled(cascade_kernel.suffix_decode_reference, spy(calls)):
+        out = cascade.attention(q, k, v, levels, 128**-0.5, mask, start)
+    assert len(calls) == len(levels) and max(calls) > 2  # every level through the contract, in several parts
+    assert out.dtype == dtype and out.shape == q.shape
+    assert mx.abs(out.astype(mx.float32) - ref).max().item() < TOLERANCE[dtype]
+
+
+def test_a_lost_part_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dropping one part of a level's keys changes the result (so the test above can fail)."""
+    monkeypatch.setattr(cascade_prefix, "MIN_SPLIT", 16)
+    q, k, v, levels, mask, start, ref = case(heads=16, kv_heads=4, dim=128, n=1, dtype=mx.bfloat16, segments=SEGMENTS)
+
+    def lossy(*args: mx.array) -> tuple[mx.array, mx.array]:
+        o, lse = cascade_prefix.prefix_decode_reference(*args)
+        return (o[1:], lse[1:]) if o.shape[0] > 1 else (o, lse)
+
+    with cascade.kernel_enabled(cascade_kernel.suffix_decode_reference, lossy):
+        out = cascade.attention(q, k, v, levels, 128**-0.5, mask, start)
+    assert mx.abs(out.astype(mx.float32) - ref).max().item() > 0.1
+
+
+def test_float32_and_other_head_sizes_keep_the_mx_ops() -> None:
+    for dtype, dim in [(mx.float32, 128), (mx.bfloat16, 256)]:
+        q, k, v, levels, mask, start, ref = case(heads=8, kv_heads=2, dim=dim, n=1, dtype=dtype)
+        with cascade.kernel_enabled(cascade_kernel.suffix_decode_reference, lambda *a: pytest.fail("not its shape")):
+            out = cascade.attention(q, k, v, levels, dim**-0.5, mask, start)
+        assert mx.abs(out.astype(mx.float32) - ref).max().item() < 3e-2
+
+
+def test_the_cuda_kernels_are_the_default_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    with cascade.kernel_enabled():
+        assert cascade._state.prefix is cascade_prefix.prefix_decode
+    monkeypatch.setattr(cascade_prefix, "ENABLED", False)
+    with cascade.kernel_enabled():
+        assert cascade._state.prefix is None and cascade._state.kernel is cascade_kernel.suffix_decode
+    assert cascade._state.kernel is None
+
+
+def test_splits_fill_the_gpu_with_at_least_min_split_keys_each() -> None:
+    # 128 rows of a Qwen3-8B shape (G 4, 8 kv heads): 8 query tiles x 8 heads = 64 blocks; 5 splits of 3,072 keys
+    assert cascade_prefix.splits(128 * 4, 8, 3072) == 5
+    assert cascade_prefix.splits(32 * 4, 8, 3072) == 12  # 16 blocks would want 17 splits: 256 keys each at least
+    assert cascade_prefix.splits(4096, 8, 3072) == 1
+    assert cascade_prefix.splits(4, 8, 100) == 1
+
+
+def test_the_compiled_merge_serves_models_of_other_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One level structure, other head counts and sizes: each gets a merge of its own shapes (a shapeless compile
+    would keep the first one's gather shape)."""
+    monkeypatch.setattr(cascade, "_compiling", lambda: True)
+    monkeypatch.setattr(cascade, "_merges", {})
+    for heads, kv_heads, dim in [(32, 8, 64), (8, 8, 64), (16, 4, 128)]:
+        q, k, v, levels, mask, start, ref = case(heads=heads, kv_heads=kv_heads, dim=dim, n=1, dtype=mx.bfloat16)
+        with cascade.kernel_enabled(cascade_kernel.suffix_decode_reference, cascade_prefix.prefix_decode_reference):
+            out = cascade.attention(q, k, v, levels, dim**-0.5, mask, start)
+        assert out.shape == q.shape
+        assert mx.abs(out.astype(mx.float32) - ref).max().item() < TOLERANCE[mx.bfloat16]
+    assert len(cascade._merges) == 3
