@@ -315,6 +315,32 @@ def check_kernel() -> None:
                     f"kernel vs its reference {errors[1]:.2e}",
                     flush=True,
                 )
+    check_one_level(case)
+
+
+def check_one_level(case: Any) -> None:
+    """One level that every row continues (the common job): its parts go to the suffix kernel unmerged."""
+    import mlx.core as mx
+
+    for dtype in (mx.bfloat16, mx.float16):
+        for dim in (64, 128):
+            for heads, kv_heads in ((32, 8), (8, 8)):
+                q, k, v, levels, mask, start, ref = case(
+                    heads=heads, kv_heads=kv_heads, dim=dim, n=1, dtype=dtype, chains=[[0]] * 8, segments=[1500]
+                )
+                try:
+                    with _prefix_kernel(True), cascade.kernel_enabled():
+                        both = cascade.attention(q, k, v, levels, dim**-0.5, mask, start).astype(mx.float32)
+                    err = mx.abs(both - ref).max().item()
+                except Exception as exc:
+                    print(f"check one level: failed: {type(exc).__name__}: {str(exc)[:800]}", flush=True)
+                    return
+                parts = cascade_prefix.splits(8 * heads // kv_heads, kv_heads, 1500)
+                print(
+                    f"check one level of 1500 tokens for 8 rows {str(dtype).split('.')[-1]:>8} D={dim:3d} H={heads:2d} "
+                    f"kvH={kv_heads}, {parts} parts into the suffix kernel: both kernels vs sdpa {err:.2e}",
+                    flush=True,
+                )
 
 
 def check_prefix_kernel() -> None:

@@ -77,3 +77,11 @@ def test_only_on_cuda_and_only_for_checked_models_and_shapes(tiny_model_dir: Pat
     assert not attention.supported(4, 2, 16)  # head size
     assert not attention.supported(64, 2, 128)  # too many query heads per kv head for registers
     assert not attention.supported(12, 8, 128)
+
+
+def test_kernel_names_carry_a_hash_of_their_code() -> None:
+    """mlx caches compiled kernels on disk by name: a changed kernel must not run an old binary."""
+    a = attention.kernel_name("omlx_k", "out[0] = 1;", "")
+    assert a == attention.kernel_name("omlx_k", "out[0] = 1;", "") and a.startswith("omlx_k_")
+    assert a != attention.kernel_name("omlx_k", "out[0] = 2;", "")
+    assert a != attention.kernel_name("omlx_k", "out[0] = 1;", "#define X 1\n")

@@ -92,3 +92,41 @@ def test_the_compiled_merge_serves_models_of_other_shapes(monkeypatch: pytest.Mo
         assert out.shape == q.shape
         assert mx.abs(out.astype(mx.float32) - ref).max().item() < TOLERANCE[mx.bfloat16]
     assert len(cascade._merges) == 3
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_one_level_for_every_row_goes_to_the_suffix_kernel_in_parts(
+    compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A level that every row continues: its parts go to the suffix kernel as they are, which merges them."""
+    monkeypatch.setattr(cascade_prefix, "MIN_SPLIT", 16)
+    monkeypatch.setattr(cascade, "_compiling", lambda: compiled)
+    q, k, v, levels, mask, start, ref = case(
+        heads=16, kv_heads=4, dim=64, n=1, dtype=mx.bfloat16, chains=[[0]] * 4, own=[3, 5, 1, 2], segments=[150]
+    )
+    assert len(levels) == 1 and levels[0].rows is None
+    parts: list[int] = []
+
+    def suffix(*args: mx.array) -> mx.array:
+        parts.append(args[4].shape[0])
+        return cascade_kernel.suffix_decode_reference(*args)
+
+    with cascade.kernel_enabled(suffix, spy([])):
+        out = cascade.attention(q, k, v, levels, 0.125, mask, start)
+    assert parts == [cascade_prefix.splits(4 * 4, 4, 150)] and parts[0] > 1
+    assert mx.abs(out.astype(mx.float32) - ref).max().item() < TOLERANCE[mx.bfloat16]
+
+
+def test_the_suffix_kernel_reference_merges_parts_as_one() -> None:
+    """[P, B, H, D] parts of the prefix and their merge ([B, H, 1, D]) give the suffix kernel the same result."""
+    mx.random.seed(4)
+    q, k, v = mx.random.normal((3, 8, 1, 64)), mx.random.normal((3, 2, 9, 64)), mx.random.normal((3, 2, 9, 64))
+    start = mx.array([0, 4, 8], mx.int32)
+    o_parts = mx.random.normal((3, 3, 8, 64))
+    lse_parts = mx.random.normal((3, 3, 8)).at[1, 2].add(float("-inf"))  # a row without keys in one part
+    merged = cascade.merge([(o_parts[p][:, :, None], lse_parts[p][:, :, None]) for p in range(3)])
+    one = cascade_kernel.suffix_decode_reference(q, k, v, start, *merged, 0.125)
+    many = cascade_kernel.suffix_decode_reference(q, k, v, start, o_parts, lse_parts, 0.125)
+    assert mx.allclose(one, many, atol=1e-5)
+    first = cascade_kernel.suffix_decode_reference(q, k, v, start, o_parts[:1], lse_parts[:1], 0.125)
+    assert not mx.allclose(first, many, atol=1e-2)

@@ -14,6 +14,7 @@ mlx-lm's own path unchanged.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -121,6 +122,18 @@ def supported(heads: int, kv_heads: int, dim: int) -> bool:
     return dim in HEAD_DIMS and heads % kv_heads == 0 and (heads // kv_heads) * dim <= 1024
 
 
+def cuda_kernel(name: str, source: str, header: str, **kwargs: Any) -> Any:
+    """mx.fast.cuda_kernel under `kernel_name`: mlx 0.32.4 caches compiled kernels on disk by name alone."""
+    return mx.fast.cuda_kernel(name=kernel_name(name, source, header), source=source, header=header, **kwargs)
+
+
+def kernel_name(name: str, source: str, header: str) -> str:
+    """The name with a hash of the kernel's code. mlx 0.32.4 keeps compiled custom kernels in MLX_PTX_CACHE_DIR
+    (default <tmp>/mlx/<version>/ptx) under their name and template arguments only: a kernel changed by an upgrade
+    of omlx-jobs under its old name would run the old binary."""
+    return f"{name}_{hashlib.sha1((header + chr(0) + source).encode()).hexdigest()[:12]}"
+
+
 def ragged_decode(q: mx.array, k: mx.array, v: mx.array, start: mx.array, scale: float) -> mx.array:
     """softmax(q k^T * scale) v for one query per row, row b attending to keys start[b]: (CUDA kernel).
 
@@ -128,12 +141,12 @@ def ragged_decode(q: mx.array, k: mx.array, v: mx.array, start: mx.array, scale:
     """
     global _kernel
     if _kernel is None:
-        _kernel = mx.fast.cuda_kernel(
-            name="omlx_ragged_decode",
+        _kernel = cuda_kernel(
+            "omlx_ragged_decode",
+            _SOURCE,
+            "#include <cooperative_groups/reduce.h>\n#define NEG_INF __int_as_float(0xff800000)\n",
             input_names=["q", "k", "v", "start", "scale"],
             output_names=["out"],
-            source=_SOURCE,
-            header="#include <cooperative_groups/reduce.h>\n#define NEG_INF __int_as_float(0xff800000)\n",
             ensure_row_contiguous=False,
         )
     batch, heads, _, dim = q.shape

@@ -244,6 +244,8 @@ def attention(
             kernel = None
         prefix = getattr(_state, "prefix", None) if kernel is not None else None
         if prefix is not None and prefix_supported(q.dtype, h, k.shape[1], q.shape[-1]):
+            if len(levels) == 1 and levels[0].rows is None:  # one level for every row: the kernel merges its parts
+                return kernel(q, k, v, start, *prefix(q, levels[0].keys, levels[0].values, None, scale), scale)
             return kernel(q, k, v, start, *_prefix_levels(q, levels, scale, prefix), scale)
         step = _decode_step(k.shape[1], h // k.shape[1], scale, tuple(lv.rows is not None for lv in levels), kernel)
         own = [] if kernel is not None else [k, v, mask if mask is not None else mx.array(True)]

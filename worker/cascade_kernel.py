@@ -21,9 +21,9 @@ from omlx_jobs.worker.cascade import attend, merge
 
 _SOURCE = """
     // One block per (row, kv head), as the ragged kernel: WARPS warps take every WARPS-th key of the row's own
-    // suffix from its first real key on, with an online softmax in base 2. Warp 0 starts from the prefix
-    // levels' merged state (m = lse, s = 1, o = o_pre: exactly the state after the prefix keys); the others
-    // start empty; the warps' states are combined in shared memory at the end.
+    // suffix from its first real key on, with an online softmax in base 2. Warp w starts from the prefix parts
+    // w, w + WARPS, ... (part p: m = lse, s = 1, o = o_pre: exactly the state after its keys), merged; the warps'
+    // states are combined in shared memory at the end, so the parts are merged with the suffix exactly.
     constexpr int BN = WARPS;
     constexpr int VPT = D / 32;
     auto block = cg::this_thread_block();
@@ -38,18 +38,29 @@ _SOURCE = """
 
     const T* kp = k + b * k_strides[0] + kvh * k_strides[1] + lane * VPT;
     const T* vp = v + b * v_strides[0] + kvh * v_strides[1] + lane * VPT;
+    const int parts = lse_pre_shape[0];
+    const int part_heads = lse_pre_shape[1];  // B * H: the stride of a part
     float qv[G][VPT], o[G][VPT], m[G], s[G];
     for (int g = 0; g < G; g++) {
         const int head = (b * kv_heads + kvh) * G + g;
         const T* qp = q + b * q_strides[0] + (kvh * G + g) * q_strides[1] + lane * VPT;
-        const float l2 = lse_pre[head] * LOG2E;
-        const bool seeded = w == 0 && l2 > NEG_INF;
         for (int i = 0; i < VPT; i++) {
             qv[g][i] = scale_log2 * static_cast<float>(qp[i]);
-            o[g][i] = seeded ? o_pre[head * D + lane * VPT + i] : 0.f;
+            o[g][i] = 0.f;
         }
-        m[g] = seeded ? l2 : NEG_INF;
-        s[g] = seeded ? 1.f : 0.f;
+        m[g] = NEG_INF;
+        s[g] = 0.f;
+        for (int p = w; p < parts; p += BN) {
+            const int at = p * part_heads + head;
+            const float l2 = lse_pre[at] * LOG2E;
+            if (l2 == NEG_INF) continue;
+            const float m_new = fmaxf(m[g], l2);
+            const float f = exp2f(m[g] - m_new);
+            const float e = exp2f(l2 - m_new);
+            s[g] = s[g] * f + e;
+            for (int i = 0; i < VPT; i++) o[g][i] = o[g][i] * f + e * o_pre[at * D + lane * VPT + i];
+            m[g] = m_new;
+        }
     }
     for (int j = start[b] + w; j < length; j += BN) {
         float kj[VPT], vj[VPT];
@@ -112,17 +123,19 @@ def suffix_decode(
     """One decode step of each row over its own suffix, merged with its prefix levels' (o_pre, lse_pre) (CUDA).
 
     q: [B, H, 1, D]; k, v: [B, kv_heads, S, D] (any strides), row b's real keys from start[b] (int32) on;
-    o_pre: [B, H, 1, D] float32 and lse_pre: [B, H, 1] float32, as cascade.merge returns them (lse -inf for
-    a row without levels). Returns [B, H, 1, D] in q's dtype. Shapes: attention.supported.
+    o_pre float32 and lse_pre float32: the prefix in one part ([B, H, 1, D] and [B, H, 1], as cascade.merge
+    returns them) or in several ([P, B, H, D] and [P, B, H], as cascade_prefix.prefix_decode returns them for
+    a level of every row), lse -inf for a row (or part) without keys. Returns [B, H, 1, D] in q's dtype.
+    Shapes: attention.supported.
     """
     global _kernel
     if _kernel is None:
-        _kernel = mx.fast.cuda_kernel(
-            name="omlx_cascade_suffix_decode",
+        _kernel = ragged.cuda_kernel(
+            "omlx_cascade_suffix_decode",
+            _SOURCE,
+            _HEADER,
             input_names=["q", "k", "v", "start", "o_pre", "lse_pre", "scale"],
             output_names=["out"],
-            source=_SOURCE,
-            header=_HEADER,
             ensure_row_contiguous=False,
         )
     batch, heads, _, dim = q.shape
@@ -131,8 +144,10 @@ def suffix_decode(
         _scales[scale] = mx.array([scale], dtype=mx.float32)
     if start.dtype != mx.int32:
         start = start.astype(mx.int32)
+    o_pre = mx.contiguous(o_pre).reshape(-1, batch * heads * dim)
+    lse_pre = mx.contiguous(lse_pre).reshape(-1, batch * heads)
     (out,) = _kernel(
-        inputs=[q, k, v, start, mx.contiguous(o_pre), mx.contiguous(lse_pre), _scales[scale]],
+        inputs=[q, k, v, start, o_pre, lse_pre, _scales[scale]],
         template=[("T", q.dtype), ("D", dim), ("G", heads // kv_heads), ("WARPS", _WARPS)],
         grid=(batch * kv_heads * _WARPS * 32, 1, 1),
         threadgroup=(_WARPS * 32, 1, 1),
@@ -146,8 +161,12 @@ def suffix_decode_reference(
     q: mx.array, k: mx.array, v: mx.array, start: mx.array, o_pre: mx.array, lse_pre: mx.array, scale: float
 ) -> mx.array:
     """What suffix_decode computes, with mx ops (any device)."""
+    batch, heads, _, dim = q.shape
+    o_pre = o_pre.reshape(-1, batch, heads, 1, dim)
+    lse_pre = lse_pre.reshape(-1, batch, heads, 1)
     mask = (mx.arange(k.shape[2])[None] >= start[:, None])[:, None, None, :]
-    o, _ = merge([(o_pre, lse_pre), attend(q, k, v, scale, mask)])
+    parts = [(o_pre[p], lse_pre[p]) for p in range(o_pre.shape[0])]
+    o, _ = merge([*parts, attend(q, k, v, scale, mask)])
     return o.astype(q.dtype)
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from omlx_jobs.worker.attention import cuda_kernel
 from omlx_jobs.worker.cascade import NEG_INF, attend
 
 ENABLED = os.environ.get("OMLX_JOBS_CASCADE_PREFIX_KERNEL", "1") != "0"
@@ -276,12 +277,12 @@ def prefix_decode(
     """
     global _kernel, _no_rows
     if _kernel is None:
-        _kernel = mx.fast.cuda_kernel(
-            name="omlx_cascade_prefix_decode",
+        _kernel = cuda_kernel(
+            "omlx_cascade_prefix_decode",
+            _compact(_SOURCE),
+            _compact(_HEADER),
             input_names=["q", "k", "v", "rows", "scale"],
             output_names=["o_part", "lse_part"],
-            source=_compact(_SOURCE),
-            header=_compact(_HEADER),
             ensure_row_contiguous=False,
         )
         _no_rows = mx.zeros((1,), dtype=mx.int32)
