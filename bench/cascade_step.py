@@ -196,7 +196,8 @@ def layer_ms(model: Any, full: Any, shared: Any, iters: int, cuda: bool) -> dict
     mx.eval(q, mask, own_mask)
     structure = tuple(lv.rows is not None for lv in levels)
     kv_heads = a.num_key_value_heads
-    prefix_part = cascade._decode_step(kv_heads, a.num_attention_heads // kv_heads, scale, structure, kernel=True)
+    sizes = cascade.batch_sizes(rows, levels)
+    prefix_part = cascade._decode_step(kv_heads, a.num_attention_heads // kv_heads, scale, structure, True, sizes)
     flat = [x for lv in levels for x in (lv.keys, lv.values, lv.rows, lv.slot, lv.member) if x is not None]
     if cuda:
         today = timed(lambda: attention.ragged_decode(q, k, v, full.left_padding, scale), iters)
@@ -388,7 +389,6 @@ def tune_prefix_kernel(model: Any, rows_list: list[int], prefix: int, iters: int
     scale = a.head_dim**-0.5
     keys, values = (random_array((1, kv_heads, prefix, a.head_dim), dtype) for _ in range(2))
     levels = [cascade.Level(keys, values, None, None)]
-    mx_part = cascade._decode_step(kv_heads, g, scale, (False,), kernel=True)
 
     def stacked(fn: Any) -> str:
         total, build = stacked_ms(fn, layers, max(2, iters // 4))
@@ -399,7 +399,8 @@ def tune_prefix_kernel(model: Any, rows_list: list[int], prefix: int, iters: int
         for rows in rows_list:
             q = random_array((rows, a.num_attention_heads, 1, a.head_dim), dtype)
             mx.eval(q, keys, values)
-            cells = [f"mx ops {stacked(lambda q=q: mx_part(q, keys, values))}"]
+            mx_part = cascade._decode_step(kv_heads, g, scale, (False,), True, (rows,))
+            cells = [f"mx ops {stacked(lambda q=q, f=mx_part: f(q, keys, values))}"]
             for warps in (4, 8):
                 for target in (132, 264, 528):
                     cascade_prefix._WARPS, cascade_prefix.TARGET_BLOCKS = warps, target

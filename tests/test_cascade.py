@@ -7,6 +7,8 @@ suffix). The reference is mx.fast.scaled_dot_product_attention per row over its 
 
 from __future__ import annotations
 
+import contextlib
+
 import mlx.core as mx
 import pytest
 
@@ -113,3 +115,35 @@ def test_the_compiled_path_used_on_gpus_gives_the_same(monkeypatch: pytest.Monke
     with cascade.kernel_enabled(cascade_kernel.suffix_decode_reference):
         out = cascade.attention(q, k, v, levels, 0.125, mask, start)
     assert mx.abs(out - ref).max().item() < TOLERANCE[mx.float32]
+
+
+@pytest.mark.parametrize("route", ["mx", "kernel", "prefix"])
+def test_the_compiled_path_follows_the_batch_as_it_grows_and_shrinks(route: str, monkeypatch: pytest.MonkeyPatch):
+    """One level structure, batches of other sizes and other rows per level (a continuous batch admits and
+    finishes rows): the compiled graphs (GPUs; forced here) must not keep the first batch's row counts."""
+    from omlx_jobs.worker import cascade_prefix
+
+    monkeypatch.setattr(cascade, "_compiling", lambda: True)
+    monkeypatch.setattr(cascade, "_decode_steps", {})
+    monkeypatch.setattr(cascade, "_merges", {})
+    kernels = {
+        "mx": contextlib.nullcontext(),
+        "kernel": cascade.kernel_enabled(cascade_kernel.suffix_decode_reference),
+        "prefix": cascade.kernel_enabled(
+            cascade_kernel.suffix_decode_reference, cascade_prefix.prefix_decode_reference
+        ),
+    }
+    batches = [
+        ([[0, 1], [0, 1], [0], []], [3, 5, 2, 4]),
+        ([[0, 1], [0, 1], [0, 1], [0], [0], []], [3, 5, 2, 4, 6, 1]),
+        ([[0, 1], [0], []], [2, 2, 2]),
+    ]
+    with kernels[route]:
+        for chains, own in batches:
+            q, k, v, levels, mask, start, ref = case(
+                heads=8, kv_heads=2, dim=64, n=1, dtype=mx.bfloat16, chains=chains, own=own, segments=[40, 17]
+            )
+            assert [lv.rows is not None for lv in levels] == [True, True]
+            out = cascade.attention(q, k, v, levels, 0.125, mask, start)
+            assert out.shape == q.shape
+            assert mx.abs(out.astype(mx.float32) - ref).max().item() < TOLERANCE[mx.bfloat16]

@@ -241,3 +241,40 @@ def test_fused_prefill_of_one_group_equals_todays_path(
     assert fused() > 0
     monkeypatch.setattr(cascade_fused, "FUSED_PREFILL", "0")
     assert on == run_job(tiny_loaded, prompts, use=False, batch=4)
+
+
+@pytest.mark.parametrize("prefix", [True, False], ids=["prefix-kernel", "prefix-mx"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_the_cuda_path_with_the_prefix_kernel_reference(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, compiled: bool, prefix: bool
+) -> None:
+    """Both cascade kernels (the prefix levels' and the own suffixes'; or the levels in mx ops), each as its mx-ops
+    reference, through a continuous batch whose size changes as rows finish and are admitted, compiled as on GPUs:
+    today's tokens."""
+    from omlx_jobs.worker import attention, cascade, cascade_kernel, cascade_prefix
+    from omlx_jobs.worker.model import load
+    from tests.tiny_model import build_tiny_model
+
+    wide = load(str(build_tiny_model(tmp_path_factory.mktemp("wide") / "m", hidden_size=256)))
+    prompts = job_prompts(seed=7)
+    today = run_job(wide, prompts, use=False, batch=5, ragged_decode=False)
+    calls: Counter[str] = Counter()
+
+    def counted(name: str, fn: Any) -> Any:
+        def call(*args: Any) -> Any:
+            calls[name] += 1
+            return fn(*args)
+
+        return call
+
+    monkeypatch.setattr(attention, "available", lambda: True)
+    monkeypatch.setattr(attention, "ragged_decode", attention.ragged_reference)
+    monkeypatch.setattr(cascade_kernel, "suffix_decode", counted("suffix", cascade_kernel.suffix_decode_reference))
+    monkeypatch.setattr(cascade_prefix, "prefix_decode", counted("prefix", cascade_prefix.prefix_decode_reference))
+    monkeypatch.setattr(cascade, "prefix_supported", lambda *a: True)  # the tiny model is float32
+    monkeypatch.setattr(cascade, "_compiling", lambda: compiled)
+    monkeypatch.setattr(cascade, "_decode_steps", {})
+    monkeypatch.setattr(cascade, "_merges", {})
+    monkeypatch.setattr(cascade_prefix, "ENABLED", prefix)
+    assert run_job(wide, prompts, use=True, batch=5) == today
+    assert (calls["prefix"] > 0) is prefix and calls["suffix"] > 0

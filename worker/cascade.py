@@ -247,7 +247,8 @@ def attention(
             if len(levels) == 1 and levels[0].rows is None:  # one level for every row: the kernel merges its parts
                 return kernel(q, k, v, start, *prefix(q, levels[0].keys, levels[0].values, None, scale), scale)
             return kernel(q, k, v, start, *_prefix_levels(q, levels, scale, prefix), scale)
-        step = _decode_step(k.shape[1], h // k.shape[1], scale, tuple(lv.rows is not None for lv in levels), kernel)
+        structure = tuple(lv.rows is not None for lv in levels)
+        step = _decode_step(k.shape[1], h // k.shape[1], scale, structure, kernel, batch_sizes(b, levels))
         own = [] if kernel is not None else [k, v, mask if mask is not None else mx.array(True)]
         flat = [x for lv in levels for x in (lv.keys, lv.values, lv.rows, lv.slot, lv.member) if x is not None]
         o, lse = step(q, *own, *flat)
@@ -269,13 +270,23 @@ def attention(
 _decode_steps: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
 
+def batch_sizes(batch: int, levels: Sequence[Level]) -> tuple[int, ...]:
+    """The batch's rows and the rows of each level that has rows: a compiled decode step is for these."""
+    return (batch, *(lv.rows.shape[0] for lv in levels if lv.rows is not None))
+
+
 def _decode_step(
-    kv_heads: int, g: int, scale: float, structure: tuple[bool, ...], kernel: Any
+    kv_heads: int, g: int, scale: float, structure: tuple[bool, ...], kernel: Any, sizes: tuple[int, ...] = ()
 ) -> Callable[..., tuple[mx.array, mx.array]]:
-    """The decode step's attention for one level structure: one call (and, compiled, a few fused kernels)."""
+    """The decode step's attention for one level structure: one call (and, compiled, a few fused kernels).
+
+    `sizes` (batch_sizes) are part of the key: the graph unflattens its rows out of the query axis, and mlx
+    0.32.4's shapeless compile keeps an unflatten's shape from the first call, so a step compiled for one batch
+    gave another batch wrong rows. Compiled once per batch shape, it still follows the suffixes as they grow.
+    """
     compiled = _compiling()
     base2 = not compiled and mx.default_device() == mx.cpu
-    key = (kv_heads, g, scale, structure, kernel is None, compiled, base2)
+    key = (kv_heads, g, scale, structure, kernel is None, compiled, base2, sizes if compiled else ())
     fn = _decode_steps.get(key)
     if fn is None:
         if len(_decode_steps) >= 256:  # batches of ever new level structures: keep the memo bounded
