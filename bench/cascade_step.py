@@ -13,7 +13,8 @@ Side by side in one run, for each row count R (a shared prefix of P tokens plus 
               cuDNN on CUDA; opt-in)
   admit       admitting requests that share the prefix: today each gets a copy of it, cascade references it
   check       (CUDA) the cascade kernels against their mx-ops references, and cascade attention against
-              mx.fast attention over each row's concatenated keys, head sizes 64/96/128/256, fp32, bf16, fp16
+              mx.fast attention over each row's concatenated keys, head sizes 64/96/128/256, fp32, bf16, fp16;
+              then the prefix kernel's part of a layer by warps per block and blocks aimed at ("tune")
   floor       where a small-context step goes: Python graph construction vs evaluation, graph nodes per
               step, the weights' matmuls alone, and an mx.compile'd fixed-shape decode step vs uncompiled
 
@@ -79,11 +80,15 @@ def step_ms(model: Any, caches: list[Any], iters: int, route: Any = None) -> tup
         build.append(time.perf_counter() - t0)
         return out
 
-    with route if route is not None else contextlib.nullcontext():
-        ms = timed(run, iters)
-        probe = run()
-        nodes = graph_nodes(probe)
-        mx.eval(probe)
+    try:
+        with route if route is not None else contextlib.nullcontext():
+            ms = timed(run, iters)
+            probe = run()
+            nodes = graph_nodes(probe)
+            mx.eval(probe)
+    finally:  # a step that failed half way must not leave its layers at different lengths for the next mode
+        for c, s in zip(owns, start, strict=True):
+            c._idx = s
     return ms, sum(build[-iters - 1 : -1]) / iters * 1000, sum(nodes.values())
 
 

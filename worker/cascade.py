@@ -11,8 +11,9 @@ dimension ([1, kv_heads, rows * G * N, D] against the level's [1, kv_heads, P, D
 values are read once per step however many rows share it, and a decode step becomes a matmul instead of one
 matrix-vector product per row.
 
-The portable path is mx ops only, so it runs on the CPU, Metal and CUDA alike. On CUDA, decode steps can merge
-the rows' own suffixes in a kernel instead (cascade_kernel.py, inside `kernel_enabled()`).
+The portable path is mx ops only, so it runs on the CPU, Metal and CUDA alike. On CUDA, inside
+`kernel_enabled()`, decode steps attend the levels in a tensor-core kernel (cascade_prefix.py: bf16/fp16, head
+sizes 64/96/128) and merge the rows' own suffixes in another (cascade_kernel.py).
 
 The cache that holds the levels and the suffixes is cascade_cache.CascadeKVCache; `install` routes a model's
 attention call to `attention` whenever its layer cache is one. Model types: llama, qwen2, qwen3 and mistral
