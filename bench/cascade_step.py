@@ -38,6 +38,7 @@ from bench.steps import floor, graph_nodes, own_caches, random_array, stacked_ms
 from omlx_jobs.worker import (  # the worker package loads a fast BLAS first
     attention,
     cascade,
+    cascade_decode,
     cascade_fused,
     cascade_kernel,
     cascade_prefix,
@@ -129,7 +130,7 @@ def route(mode: str, cuda: bool) -> Any:
     stack.enter_context(_fused_decode("1" if mode == "fused" else "0"))
     if mode in ("kernel", "prefix"):
         stack.enter_context(_prefix_kernel(mode == "prefix"))
-        stack.enter_context(cascade.kernel_enabled())
+        stack.enter_context(cascade_decode.kernel_enabled())
     if mode == "eager":
         stack.enter_context(_eager())
     return stack
@@ -201,8 +202,10 @@ def layer_ms(model: Any, full: Any, shared: Any, iters: int, cuda: bool) -> dict
     mx.eval(q, mask, own_mask)
     structure = tuple(lv.rows is not None for lv in levels)
     kv_heads = a.num_key_value_heads
-    sizes = cascade.batch_sizes(rows, levels)
-    prefix_part = cascade._decode_step(kv_heads, a.num_attention_heads // kv_heads, scale, structure, True, sizes)
+    sizes = cascade_decode.batch_sizes(rows, levels)
+    prefix_part = cascade_decode._decode_step(
+        kv_heads, a.num_attention_heads // kv_heads, scale, structure, True, sizes
+    )
     flat = [x for lv in levels for x in (lv.keys, lv.values, lv.rows, lv.slot, lv.member) if x is not None]
     if cuda:
         today = timed(lambda: attention.ragged_decode(q, k, v, full.left_padding, scale), iters)
@@ -231,14 +234,14 @@ def layer_ms(model: Any, full: Any, shared: Any, iters: int, cuda: bool) -> dict
     if cuda:
         out["stack_today"] = stacked(lambda: attention.ragged_decode(q, k, v, full.left_padding, scale))
         whole = lambda: cascade.attention(q, ok, ov, levels, scale, own_mask, own.left_padding)  # noqa: E731
-        with _prefix_kernel(False), cascade.kernel_enabled():
+        with _prefix_kernel(False), cascade_decode.kernel_enabled():
             out["layer_kernel"] = timed(whole, iters)
             out["stack_kernel"] = stacked(whole)
-        if cascade.prefix_supported(q.dtype, a.num_attention_heads, kv_heads, a.head_dim):
-            part = lambda: cascade._prefix_levels(q, levels, scale, cascade_prefix.prefix_decode)  # noqa: E731
+        if cascade_decode.prefix_supported(q.dtype, a.num_attention_heads, kv_heads, a.head_dim):
+            part = lambda: cascade_decode._prefix_levels(q, levels, scale, cascade_prefix.prefix_decode)  # noqa: E731
             out["layer_prefix_kernel"] = timed(part, iters)
             out["stack_prefix_kernel"] = stacked(part)
-            with _prefix_kernel(True), cascade.kernel_enabled():
+            with _prefix_kernel(True), cascade_decode.kernel_enabled():
                 out["layer_both"] = timed(whole, iters)
                 out["stack_both"] = stacked(whole)
     return out
@@ -302,12 +305,12 @@ def check_kernel() -> None:
                     o, lse = cascade.merge([cascade.attend_level(q, lv, scale) for lv in levels])
                     kern = cascade_kernel.suffix_decode(q, k, v, start, o, lse, scale).astype(mx.float32)
                     want = cascade_kernel.suffix_decode_reference(q, k, v, start, o, lse, scale).astype(mx.float32)
-                    with cascade.kernel_enabled():
+                    with cascade_decode.kernel_enabled():
                         whole = cascade.attention(q, k, v, levels, scale, mask, start).astype(mx.float32)
                     errors[1:] = [mx.abs(kern - want).max().item(), mx.abs(whole - ref).max().item()]
                     fused = cascade_fused.decode(q, k, v, k.shape[2], start, levels, scale).astype(mx.float32)
                     errors.append(mx.abs(fused - ref).max().item())
-                    with _prefix_kernel(True), cascade.kernel_enabled():
+                    with _prefix_kernel(True), cascade_decode.kernel_enabled():
                         both = cascade.attention(q, k, v, levels, scale, mask, start).astype(mx.float32)
                     errors.append(mx.abs(both - ref).max().item())
                 except Exception as exc:  # report it and go on: the mx path's figures still count
@@ -317,7 +320,7 @@ def check_kernel() -> None:
                     f"concatenation: mx path {errors[0]:.2e}, kernel path {errors[2]:.2e}, fused decode "
                     f"{errors[3] if len(errors) > 3 else nan:.2e}, both kernels "
                     f"{errors[4] if len(errors) > 4 else nan:.2e}"
-                    f"{'' if cascade.prefix_supported(dtype, heads, kv_heads, dim) else ' (prefix in mx ops)'}; "
+                    f"{'' if cascade_decode.prefix_supported(dtype, heads, kv_heads, dim) else ' (prefix in mx ops)'}; "
                     f"kernel vs its reference {errors[1]:.2e}",
                     flush=True,
                 )
@@ -335,7 +338,7 @@ def check_one_level(case: Any) -> None:
                     heads=heads, kv_heads=kv_heads, dim=dim, n=1, dtype=dtype, chains=[[0]] * 8, segments=[1500]
                 )
                 try:
-                    with _prefix_kernel(True), cascade.kernel_enabled():
+                    with _prefix_kernel(True), cascade_decode.kernel_enabled():
                         both = cascade.attention(q, k, v, levels, dim**-0.5, mask, start).astype(mx.float32)
                     err = mx.abs(both - ref).max().item()
                 except Exception as exc:
@@ -388,7 +391,7 @@ def tune_prefix_kernel(model: Any, rows_list: list[int], prefix: int, iters: int
 
     a = model.args
     dtype = model.layers[0].self_attn.q_proj.weight.dtype
-    if not cascade.prefix_supported(dtype, a.num_attention_heads, a.num_key_value_heads, a.head_dim):
+    if not cascade_decode.prefix_supported(dtype, a.num_attention_heads, a.num_key_value_heads, a.head_dim):
         return
     layers, kv_heads, g = len(model.layers), a.num_key_value_heads, a.num_attention_heads // a.num_key_value_heads
     scale = a.head_dim**-0.5
@@ -404,13 +407,15 @@ def tune_prefix_kernel(model: Any, rows_list: list[int], prefix: int, iters: int
         for rows in rows_list:
             q = random_array((rows, a.num_attention_heads, 1, a.head_dim), dtype)
             mx.eval(q, keys, values)
-            mx_part = cascade._decode_step(kv_heads, g, scale, (False,), True, (rows,))
+            mx_part = cascade_decode._decode_step(kv_heads, g, scale, (False,), True, (rows,))
             cells = [f"mx ops {stacked(lambda q=q, f=mx_part: f(q, keys, values))}"]
             for warps in (4, 8):
                 for target in (132, 264, 528):
                     cascade_prefix._WARPS, cascade_prefix.TARGET_BLOCKS = warps, target
                     parts = cascade_prefix.splits(rows * g, kv_heads, prefix)
-                    ms = stacked(lambda q=q: cascade._prefix_levels(q, levels, scale, cascade_prefix.prefix_decode))
+                    ms = stacked(
+                        lambda q=q: cascade_decode._prefix_levels(q, levels, scale, cascade_prefix.prefix_decode)
+                    )
                     cells.append(f"{warps}w/{target} ({parts} parts) {ms}")
             head = f"tune prefix part, {rows} rows x {prefix} keys, ms per layer (of it Python building): "
             print(head + ", ".join(cells), flush=True)

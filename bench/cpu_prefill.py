@@ -3,7 +3,7 @@
 Side by side in one run, best of --repeat, for a prefill of N queries at the end of a cache of N + offset keys,
 with BatchKVCache's boolean mask; the maximum difference of the outputs is printed too. "poly" is the same
 blocks exponentiated with the decode steps' base-2 polynomial (cascade._exp2) instead of power(2, x). Then one
-decode step's attention of --decode-rows rows to a shared prefix of --decode-keys keys (cascade._softmax_v, the
+decode step's attention of --decode-rows rows to a shared prefix of --decode-keys keys (cascade.softmax_v, the
 rows' queries folded together), with power(2, x) and with the polynomial.
 
     .venv/bin/python bench/cpu_prefill.py                      # SmolLM2's shape: 9 heads, 3 kv heads, D 64
@@ -69,8 +69,8 @@ def main() -> None:
     k = mx.random.normal((1, args.kv_heads, args.decode_keys, args.dim))
     v = mx.random.normal((1, args.kv_heads, args.decode_keys, args.dim))
     mx.eval(q, k, v)
-    power = best_ms(lambda: cascade._softmax_v(q, k, v, None, scale), args.repeat)
-    poly = best_ms(lambda: cascade._softmax_v(q, k, v, None, scale, base2=True), args.repeat)
+    power = best_ms(lambda: cascade.softmax_v(q, k, v, None, scale), args.repeat)
+    poly = best_ms(lambda: cascade.softmax_v(q, k, v, None, scale, base2=True), args.repeat)
     print(f"decode, {args.decode_rows} rows x {args.decode_keys} prefix keys: power {power:.2f}, poly {poly:.2f}")
 
 

@@ -12,7 +12,7 @@ import contextlib
 import mlx.core as mx
 import pytest
 
-from omlx_jobs.worker import cascade, cascade_kernel
+from omlx_jobs.worker import cascade, cascade_decode, cascade_kernel
 from tests.cascade_cases import OWN, case
 
 TOLERANCE = {mx.float32: 1e-5, mx.bfloat16: 3e-2}
@@ -84,7 +84,7 @@ def test_kernel_contract_reference_equals_the_portable_path(dtype: mx.Dtype) -> 
         calls.append(args[0].shape)
         return cascade_kernel.suffix_decode_reference(*args)
 
-    with cascade.kernel_enabled(spy):
+    with cascade_decode.kernel_enabled(spy):
         routed = cascade.attention(q, k, v, levels, 128**-0.5, mask, start)
         prefill = case(heads=16, kv_heads=4, dim=128, n=3, dtype=dtype)
         cascade.attention(*prefill[:3], prefill[3], 128**-0.5, prefill[4], prefill[5])
@@ -96,23 +96,23 @@ def test_kernel_shapes_are_the_ragged_kernels() -> None:
     assert cascade_kernel.supported(32, 8, 128) and cascade_kernel.supported(16, 16, 256)
     assert not cascade_kernel.supported(4, 2, 16)
     q, k, v, levels, mask, start, ref = case(heads=4, kv_heads=2, dim=16, n=1, dtype=mx.float32)
-    with cascade.kernel_enabled(lambda *a: pytest.fail("head size 16 is not the kernel's")):
+    with cascade_decode.kernel_enabled(lambda *a: pytest.fail("head size 16 is not the kernel's")):
         out = cascade.attention(q, k, v, levels, 0.25, mask, start)
     assert mx.abs(out - ref).max().item() < 2e-5
 
 
 def test_the_compiled_path_used_on_gpus_gives_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     """Shapeless compilation (Metal, CUDA) across batches of different shapes; forced here on the CPU."""
-    monkeypatch.setattr(cascade, "_compiling", lambda: True)
-    monkeypatch.setattr(cascade, "_decode_steps", {})
+    monkeypatch.setattr(cascade, "compiling", lambda: True)
+    monkeypatch.setattr(cascade_decode, "_decode_steps", {})
     cases = [(1, 8, mx.float32, OWN), (1, 8, mx.float32, [x + 3 for x in OWN]), (4, 4, mx.float32, OWN)]
     for n, heads, dtype, own in [*cases, (1, 8, mx.bfloat16, OWN), (3, 8, mx.bfloat16, OWN)]:
         q, k, v, levels, mask, start, ref = case(heads=heads, kv_heads=2, dim=64, n=n, dtype=dtype, own=own)
         out = cascade.attention(q, k, v, levels, 0.125, mask, start)
         assert mx.abs(out.astype(mx.float32) - ref).max().item() < TOLERANCE[dtype]
-    assert len(cascade._decode_steps) == 1  # one level structure: one function for both lengths and dtypes
+    assert len(cascade_decode._decode_steps) == 1  # one level structure: one function for both lengths and dtypes
     q, k, v, levels, mask, start, ref = case(heads=8, kv_heads=2, dim=64, n=1, dtype=mx.float32)
-    with cascade.kernel_enabled(cascade_kernel.suffix_decode_reference):
+    with cascade_decode.kernel_enabled(cascade_kernel.suffix_decode_reference):
         out = cascade.attention(q, k, v, levels, 0.125, mask, start)
     assert mx.abs(out - ref).max().item() < TOLERANCE[mx.float32]
 
@@ -123,13 +123,13 @@ def test_the_compiled_path_follows_the_batch_as_it_grows_and_shrinks(route: str,
     finishes rows): the compiled graphs (GPUs; forced here) must not keep the first batch's row counts."""
     from omlx_jobs.worker import cascade_prefix
 
-    monkeypatch.setattr(cascade, "_compiling", lambda: True)
-    monkeypatch.setattr(cascade, "_decode_steps", {})
-    monkeypatch.setattr(cascade, "_merges", {})
+    monkeypatch.setattr(cascade, "compiling", lambda: True)
+    monkeypatch.setattr(cascade_decode, "_decode_steps", {})
+    monkeypatch.setattr(cascade_decode, "_merges", {})
     kernels = {
         "mx": contextlib.nullcontext(),
-        "kernel": cascade.kernel_enabled(cascade_kernel.suffix_decode_reference),
-        "prefix": cascade.kernel_enabled(
+        "kernel": cascade_decode.kernel_enabled(cascade_kernel.suffix_decode_reference),
+        "prefix": cascade_decode.kernel_enabled(
             cascade_kernel.suffix_decode_reference, cascade_prefix.prefix_decode_reference
         ),
     }

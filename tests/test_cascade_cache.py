@@ -18,7 +18,7 @@ import pytest
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
-from omlx_jobs.worker import attention, cascade, cascade_kernel, kv
+from omlx_jobs.worker import attention, cascade, cascade_decode, cascade_kernel, kv
 from omlx_jobs.worker.cascade_cache import OWN_STEP, CascadeKVCache, SharedPrefix, SharedPrefixes, row_caches
 from omlx_jobs.worker.model import LoadedModel, load
 from tests.tiny_model import build_tiny_model
@@ -163,7 +163,7 @@ def test_decode_through_the_kernel_contract(tmp_path_factory: pytest.TempPathFac
         calls.append(args[0].shape[0])
         return cascade_kernel.suffix_decode_reference(*args)
 
-    with cascade.kernel_enabled(spy):
+    with cascade_decode.kernel_enabled(spy):
         ours, ours_lp = generate(model, wide.rows, wide.layers, True)
     assert ours == today
     assert max_diff(ours_lp, today_lp) < 1e-4

@@ -251,7 +251,7 @@ def test_the_cuda_path_with_the_prefix_kernel_reference(
     """Both cascade kernels (the prefix levels' and the own suffixes'; or the levels in mx ops), each as its mx-ops
     reference, through a continuous batch whose size changes as rows finish and are admitted, compiled as on GPUs:
     today's tokens."""
-    from omlx_jobs.worker import attention, cascade, cascade_kernel, cascade_prefix
+    from omlx_jobs.worker import attention, cascade, cascade_decode, cascade_kernel, cascade_prefix
     from omlx_jobs.worker.model import load
     from tests.tiny_model import build_tiny_model
 
@@ -271,10 +271,10 @@ def test_the_cuda_path_with_the_prefix_kernel_reference(
     monkeypatch.setattr(attention, "ragged_decode", attention.ragged_reference)
     monkeypatch.setattr(cascade_kernel, "suffix_decode", counted("suffix", cascade_kernel.suffix_decode_reference))
     monkeypatch.setattr(cascade_prefix, "prefix_decode", counted("prefix", cascade_prefix.prefix_decode_reference))
-    monkeypatch.setattr(cascade, "prefix_supported", lambda *a: True)  # the tiny model is float32
-    monkeypatch.setattr(cascade, "_compiling", lambda: compiled)
-    monkeypatch.setattr(cascade, "_decode_steps", {})
-    monkeypatch.setattr(cascade, "_merges", {})
+    monkeypatch.setattr(cascade_decode, "prefix_supported", lambda *a: True)  # the tiny model is float32
+    monkeypatch.setattr(cascade, "compiling", lambda: compiled)
+    monkeypatch.setattr(cascade_decode, "_decode_steps", {})
+    monkeypatch.setattr(cascade_decode, "_merges", {})
     monkeypatch.setattr(cascade_prefix, "ENABLED", prefix)
     assert run_job(wide, prompts, use=True, batch=5) == today
     assert (calls["prefix"] > 0) is prefix and calls["suffix"] > 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from omlx_jobs.worker import cascade, cascade_kernel, cascade_prefix
+from omlx_jobs.worker import cascade, cascade_decode, cascade_kernel, cascade_prefix
 from tests.cascade_cases import case
 
 TOLERANCE = {mx.bfloat16: 3e-2, mx.float16: 5e-3}
@@ -31,10 +31,10 @@ def test_split_levels_merged_equal_attention_over_the_concatenated_keys(
     dtype: mx.Dtype, compiled: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cascade_prefix, "MIN_SPLIT", 16)
-    monkeypatch.setattr(cascade, "_compiling", lambda: compiled)
+    monkeypatch.setattr(cascade, "compiling", lambda: compiled)
     q, k, v, levels, mask, start, ref = case(heads=16, kv_heads=4, dim=128, n=1, dtype=dtype, segments=SEGMENTS)
     calls: list[int] = []
-    with cascade.kernel_enabled(cascade_kernel.suffix_decode_reference, spy(calls)):
+    with cascade_decode.kernel_enabled(cascade_kernel.suffix_decode_reference, spy(calls)):
         out = cascade.attention(q, k, v, levels, 128**-0.5, mask, start)
     assert len(calls) == len(levels) and max(calls) > 2  # every level through the contract, in several parts
     assert out.dtype == dtype and out.shape == q.shape
@@ -50,7 +50,7 @@ def test_a_lost_part_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
         o, lse = cascade_prefix.prefix_decode_reference(*args)
         return (o[1:], lse[1:]) if o.shape[0] > 1 else (o, lse)
 
-    with cascade.kernel_enabled(cascade_kernel.suffix_decode_reference, lossy):
+    with cascade_decode.kernel_enabled(cascade_kernel.suffix_decode_reference, lossy):
         out = cascade.attention(q, k, v, levels, 128**-0.5, mask, start)
     assert mx.abs(out.astype(mx.float32) - ref).max().item() > 0.1
 
@@ -58,18 +58,20 @@ def test_a_lost_part_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_float32_and_other_head_sizes_keep_the_mx_ops() -> None:
     for dtype, dim in [(mx.float32, 128), (mx.bfloat16, 256)]:
         q, k, v, levels, mask, start, ref = case(heads=8, kv_heads=2, dim=dim, n=1, dtype=dtype)
-        with cascade.kernel_enabled(cascade_kernel.suffix_decode_reference, lambda *a: pytest.fail("not its shape")):
+        with cascade_decode.kernel_enabled(
+            cascade_kernel.suffix_decode_reference, lambda *a: pytest.fail("not its shape")
+        ):
             out = cascade.attention(q, k, v, levels, dim**-0.5, mask, start)
         assert mx.abs(out.astype(mx.float32) - ref).max().item() < 3e-2
 
 
 def test_the_cuda_kernels_are_the_default_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    with cascade.kernel_enabled():
-        assert cascade._state.prefix is cascade_prefix.prefix_decode
+    with cascade_decode.kernel_enabled():
+        assert cascade_decode._state.prefix is cascade_prefix.prefix_decode
     monkeypatch.setattr(cascade_prefix, "ENABLED", False)
-    with cascade.kernel_enabled():
-        assert cascade._state.prefix is None and cascade._state.kernel is cascade_kernel.suffix_decode
-    assert cascade._state.kernel is None
+    with cascade_decode.kernel_enabled():
+        assert cascade_decode._state.prefix is None and cascade_decode._state.kernel is cascade_kernel.suffix_decode
+    assert cascade_decode._state.kernel is None
 
 
 def test_splits_fill_the_gpu_with_at_least_min_split_keys_each() -> None:
@@ -83,15 +85,17 @@ def test_splits_fill_the_gpu_with_at_least_min_split_keys_each() -> None:
 def test_the_compiled_merge_serves_models_of_other_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
     """One level structure, other head counts and sizes: each gets a merge of its own shapes (a shapeless compile
     would keep the first one's gather shape)."""
-    monkeypatch.setattr(cascade, "_compiling", lambda: True)
-    monkeypatch.setattr(cascade, "_merges", {})
+    monkeypatch.setattr(cascade, "compiling", lambda: True)
+    monkeypatch.setattr(cascade_decode, "_merges", {})
     for heads, kv_heads, dim in [(32, 8, 64), (8, 8, 64), (16, 4, 128)]:
         q, k, v, levels, mask, start, ref = case(heads=heads, kv_heads=kv_heads, dim=dim, n=1, dtype=mx.bfloat16)
-        with cascade.kernel_enabled(cascade_kernel.suffix_decode_reference, cascade_prefix.prefix_decode_reference):
+        with cascade_decode.kernel_enabled(
+            cascade_kernel.suffix_decode_reference, cascade_prefix.prefix_decode_reference
+        ):
             out = cascade.attention(q, k, v, levels, dim**-0.5, mask, start)
         assert out.shape == q.shape
         assert mx.abs(out.astype(mx.float32) - ref).max().item() < TOLERANCE[mx.bfloat16]
-    assert len(cascade._merges) == 3
+    assert len(cascade_decode._merges) == 3
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
@@ -100,7 +104,7 @@ def test_one_level_for_every_row_goes_to_the_suffix_kernel_in_parts(
 ) -> None:
     """A level that every row continues: its parts go to the suffix kernel as they are, which merges them."""
     monkeypatch.setattr(cascade_prefix, "MIN_SPLIT", 16)
-    monkeypatch.setattr(cascade, "_compiling", lambda: compiled)
+    monkeypatch.setattr(cascade, "compiling", lambda: compiled)
     q, k, v, levels, mask, start, ref = case(
         heads=16, kv_heads=4, dim=64, n=1, dtype=mx.bfloat16, chains=[[0]] * 4, own=[3, 5, 1, 2], segments=[150]
     )
@@ -111,7 +115,7 @@ def test_one_level_for_every_row_goes_to_the_suffix_kernel_in_parts(
         parts.append(args[4].shape[0])
         return cascade_kernel.suffix_decode_reference(*args)
 
-    with cascade.kernel_enabled(suffix, spy([])):
+    with cascade_decode.kernel_enabled(suffix, spy([])):
         out = cascade.attention(q, k, v, levels, 0.125, mask, start)
     assert parts == [cascade_prefix.splits(4 * 4, 4, 150)] and parts[0] > 1
     assert mx.abs(out.astype(mx.float32) - ref).max().item() < TOLERANCE[mx.bfloat16]

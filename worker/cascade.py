@@ -11,9 +11,10 @@ dimension ([1, kv_heads, rows * G * N, D] against the level's [1, kv_heads, P, D
 values are read once per step however many rows share it, and a decode step becomes a matmul instead of one
 matrix-vector product per row.
 
-The portable path is mx ops only, so it runs on the CPU, Metal and CUDA alike. On CUDA, inside
-`kernel_enabled()`, decode steps attend the levels in a tensor-core kernel (cascade_prefix.py: bf16/fp16, head
-sizes 64/96/128) and merge the rows' own suffixes in another (cascade_kernel.py).
+The portable path is mx ops only, so it runs on the CPU, Metal and CUDA alike. Decode steps are
+cascade_decode.py's: on CUDA, inside its `kernel_enabled()`, the levels go through a tensor-core kernel
+(cascade_prefix.py: bf16/fp16, head sizes 64/96/128) and the rows' own suffixes through another
+(cascade_kernel.py).
 
 The cache that holds the levels and the suffixes is cascade_cache.CascadeKVCache; `install` routes a model's
 attention call to `attention` whenever its layer cache is one. Model types: llama, qwen2, qwen3 and mistral
@@ -25,10 +26,8 @@ code) keep today's path, where each row holds its whole prompt.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,8 +45,6 @@ SCORE_BUDGET = 1 << 26
 
 COMPILE = os.environ.get("OMLX_JOBS_CASCADE_COMPILE", "1") != "0"
 """Compile the mx-ops path on GPUs (Metal, CUDA); OMLX_JOBS_CASCADE_COMPILE=0 runs it op by op."""
-
-_state = threading.local()
 
 
 @dataclass(frozen=True)
@@ -90,14 +87,14 @@ def attend(
 
 
 def _core(q: mx.array, k: mx.array, v: mx.array, scale: float) -> tuple[mx.array, mx.array]:
-    return _softmax_v(q, k, v, None, scale)
+    return softmax_v(q, k, v, None, scale)
 
 
 def _core_masked(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float) -> tuple[mx.array, mx.array]:
-    return _softmax_v(q, k, v, mask, scale)
+    return softmax_v(q, k, v, mask, scale)
 
 
-def _softmax_v(
+def softmax_v(
     q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None, scale: float, base2: bool = False
 ) -> tuple[mx.array, mx.array]:
     """q: [B, kv_heads, M, D] against k, v: [B, kv_heads, K, D]; mask broadcastable to [B, kv_heads, M, K].
@@ -160,13 +157,13 @@ def _exp2(x: mx.array) -> mx.array:
 _compiled = (mx.compile(_core, shapeless=True), mx.compile(_core_masked, shapeless=True))
 
 
-def _compiling() -> bool:
+def compiling() -> bool:
     """Compile (fewer, fused kernels, one call) except on the CPU, where mlx compiles with the C++ compiler."""
     return COMPILE and mx.default_device() != mx.cpu
 
 
 def _cores() -> tuple[Callable[..., Any], Callable[..., Any]]:
-    return _compiled if _compiling() else (_core, _core_masked)
+    return _compiled if compiling() else (_core, _core_masked)
 
 
 def attend_level(q: mx.array, level: Level, scale: float) -> tuple[mx.array, mx.array]:
@@ -188,16 +185,16 @@ def attend_level(q: mx.array, level: Level, scale: float) -> tuple[mx.array, mx.
     if level.slot is None:
         return o, lse
     assert b == level.slot.shape[0], "a level's slots cover the batch"
-    return _scatter_rows(o, lse, level.slot, level.member)
+    return scatter_rows(o, lse, level.slot, level.member)
 
 
-def _scatter_rows(o: mx.array, lse: mx.array, slot: mx.array, member: mx.array) -> tuple[mx.array, mx.array]:
+def scatter_rows(o: mx.array, lse: mx.array, slot: mx.array, member: mx.array) -> tuple[mx.array, mx.array]:
     """A level's rows' (o, lse) in batch order; o 0 and lse -inf for the rows outside the level (shapeless)."""
     o = mx.where(mx.expand_dims(member, (1, 2, 3)), mx.take(o, slot, axis=0), 0.0)
     return o, mx.where(mx.expand_dims(member, (1, 2)), mx.take(lse, slot, axis=0), NEG_INF)
 
 
-def _merge2(o1: mx.array, lse1: mx.array, o2: mx.array, lse2: mx.array) -> tuple[mx.array, mx.array]:
+def merge_pair(o1: mx.array, lse1: mx.array, o2: mx.array, lse2: mx.array) -> tuple[mx.array, mx.array]:
     m = mx.maximum(lse1, lse2)
     m = mx.where(m == NEG_INF, 0.0, m)  # a query that sees nothing in either part
     w1, w2 = mx.exp(lse1 - m), mx.exp(lse2 - m)
@@ -206,12 +203,12 @@ def _merge2(o1: mx.array, lse1: mx.array, o2: mx.array, lse2: mx.array) -> tuple
     return o, m + mx.log(total)
 
 
-merge2 = mx.compile(_merge2, shapeless=True)
+merge2 = mx.compile(merge_pair, shapeless=True)
 
 
 def merge(parts: Sequence[tuple[mx.array, mx.array]]) -> tuple[mx.array, mx.array]:
     """The exact merge of attention over disjoint key sets, from each part's (o, lse): attention over their union."""
-    fn = merge2 if _compiling() else _merge2
+    fn = merge2 if compiling() else merge_pair
     o, lse = parts[0]
     for o2, lse2 in parts[1:]:
         o, lse = fn(o, lse, o2, lse2)
@@ -232,28 +229,12 @@ def attention(
 
     q: [B, H, N, D]; k, v: [B, kv_heads, S, D], the rows' own suffixes (left-padded; `start` [B] int32 is each
     row's first real key, used by the decode kernel; `buffers` the own suffixes' whole key and value buffers,
-    used by cascade_fused.decode). A decode step (N == 1) is one graph per level structure
-    (compiled on GPUs); inside `kernel_enabled()` its own suffixes are merged in the kernel. A prefill chunk is
-    mx ops, split into chunks of query positions when long.
+    used by cascade_fused.decode). A decode step (N == 1) is cascade_decode.decode. A prefill chunk is mx ops,
+    split into chunks of query positions when long.
     """
     b, h, n, _ = q.shape
-    if n == 1 and levels and start is not None and buffers is not None and fused.use_decode():
-        return fused.decode(q, *buffers, k.shape[2], start, levels, scale)
     if n == 1:
-        kernel = getattr(_state, "kernel", None)
-        if not (kernel is not None and levels and start is not None and ragged.supported(h, k.shape[1], q.shape[-1])):
-            kernel = None
-        prefix = getattr(_state, "prefix", None) if kernel is not None else None
-        if prefix is not None and prefix_supported(q.dtype, h, k.shape[1], q.shape[-1]):
-            if len(levels) == 1 and levels[0].rows is None:  # one level for every row: the kernel merges its parts
-                return kernel(q, k, v, start, *prefix(q, levels[0].keys, levels[0].values, None, scale), scale)
-            return kernel(q, k, v, start, *_prefix_levels(q, levels, scale, prefix), scale)
-        structure = tuple(lv.rows is not None for lv in levels)
-        step = _decode_step(k.shape[1], h // k.shape[1], scale, structure, kernel, batch_sizes(b, levels))
-        own = [] if kernel is not None else [k, v, mask if mask is not None else mx.array(True)]
-        flat = [x for lv in levels for x in (lv.keys, lv.values, lv.rows, lv.slot, lv.member) if x is not None]
-        o, lse = step(q, *own, *flat)
-        return o.astype(q.dtype) if kernel is None else kernel(q, k, v, start, o, lse, scale)
+        return cascade_decode.decode(q, k, v, levels, scale, mask, start, buffers)
     if fused.use_prefill(levels):
         return fused.prefill(q, k, v, levels, scale, mask)
     longest = max([k.shape[2], *(lv.keys.shape[2] for lv in levels)])
@@ -266,153 +247,6 @@ def attention(
         outs.append(merge(parts)[0])
     out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
     return out.astype(q.dtype)
-
-
-_decode_steps: dict[tuple[Any, ...], Callable[..., Any]] = {}
-
-
-def batch_sizes(batch: int, levels: Sequence[Level]) -> tuple[int, ...]:
-    """The batch's rows and the rows of each level that has rows: a compiled decode step is for these."""
-    return (batch, *(lv.rows.shape[0] for lv in levels if lv.rows is not None))
-
-
-def _decode_step(
-    kv_heads: int, g: int, scale: float, structure: tuple[bool, ...], kernel: Any, sizes: tuple[int, ...] = ()
-) -> Callable[..., tuple[mx.array, mx.array]]:
-    """The decode step's attention for one level structure: one call (and, compiled, a few fused kernels).
-
-    `sizes` (batch_sizes) are part of the key: the graph unflattens its rows out of the query axis, and mlx
-    0.32.4's shapeless compile keeps an unflatten's shape from the first call, so a step compiled for one batch
-    gave another batch wrong rows. Compiled once per batch shape, it still follows the suffixes as they grow.
-    """
-    compiled = _compiling()
-    base2 = not compiled and mx.default_device() == mx.cpu
-    key = (kv_heads, g, scale, structure, kernel is None, compiled, base2, sizes if compiled else ())
-    fn = _decode_steps.get(key)
-    if fn is None:
-        if len(_decode_steps) >= 256:  # batches of ever new level structures: keep the memo bounded
-            _decode_steps.clear()
-        fn = _decode_graph(kv_heads, g, scale, structure, own=kernel is None, base2=base2)
-        fn = _decode_steps[key] = mx.compile(fn, shapeless=True) if compiled else fn
-    return fn
-
-
-def _decode_graph(
-    kv_heads: int, g: int, scale: float, structure: tuple[bool, ...], own: bool, base2: bool = False
-) -> Callable[..., tuple[mx.array, mx.array]]:
-    """decode(q, [k, v, mask], *levels) -> (o [B, H, 1, D] float32, lse [B, H, 1]): no reshape, so shapeless.
-
-    The G query heads of a kv head are its rows' queries ([B, kv_heads, G, D]); a level folds its rows into them
-    ([1, kv_heads, r * G, D]). `own`: also attend the own suffixes (else the kernel does, from o and lse).
-    `base2`: exponentiate as the CPU does (see _softmax_v).
-    """
-
-    def decode(q: mx.array, *arrays: mx.array) -> tuple[mx.array, mx.array]:
-        folded = mx.flatten(mx.unflatten(q, 1, (kv_heads, g)), 2, 3)
-        acc = _softmax_v(folded, *arrays[:3], scale, base2) if own else None
-        i = 3 if own else 0
-        for has_rows in structure:
-            keys, values = arrays[i], arrays[i + 1]
-            qs = mx.take(folded, arrays[i + 2], axis=0) if has_rows else folded
-            rows_q = mx.expand_dims(mx.flatten(qs.transpose(1, 0, 2, 3), 1, 2), 0)
-            o, lse = _softmax_v(rows_q, keys, values, None, scale, base2)
-            o = mx.unflatten(mx.squeeze(o, 0), 1, (-1, g)).transpose(1, 0, 2, 3)
-            lse = mx.unflatten(mx.squeeze(lse, 0), 1, (-1, g)).transpose(1, 0, 2)
-            if has_rows:
-                o, lse = _scatter_rows(o, lse, arrays[i + 3], arrays[i + 4])
-            i += 5 if has_rows else 2
-            acc = (o, lse) if acc is None else _merge2(*acc, o, lse)
-        assert acc is not None, "a decode step attends to something"
-        return mx.expand_dims(mx.flatten(acc[0], 1, 2), 2), mx.expand_dims(mx.flatten(acc[1], 1, 2), 2)
-
-    return decode
-
-
-def _prefix_levels(
-    q: mx.array, levels: Sequence[Level], scale: float, prefix: Callable[..., tuple[mx.array, mx.array]]
-) -> tuple[mx.array, mx.array]:
-    """The levels' merged (o [B, H, 1, D], lse [B, H, 1]) from `prefix` (cascade_prefix.prefix_decode's contract)."""
-    flat, structure = [], []
-    for lv in levels:
-        o, lse = prefix(q, lv.keys, lv.values, lv.rows, scale)
-        flat += [o, lse, *((lv.slot, lv.member) if lv.rows is not None else ())]
-        structure.append((lv.rows is not None, o.shape[0] == 1))
-    # Keyed on the head count and size too: mlx 0.32.4's shapeless compile keeps a gather's (mx.take's) slice shape.
-    key = (tuple(structure), q.shape[1], q.shape[3], _compiling())
-    fn = _merges.get(key)
-    if fn is None:
-        if len(_merges) >= 256:
-            _merges.clear()
-        fn = _merge_levels(tuple(structure))
-        fn = _merges[key] = mx.compile(fn, shapeless=True) if _compiling() else fn
-    return fn(*flat)
-
-
-_merges: dict[tuple[Any, ...], Callable[..., Any]] = {}
-
-
-def _merge_levels(structure: tuple[tuple[bool, bool], ...]) -> Callable[..., tuple[mx.array, mx.array]]:
-    """merged(*[o_parts, lse_parts, (slot, member)] per level) -> (o [B, H, 1, D], lse [B, H, 1]): shapeless.
-
-    structure: per level, whether it has rows (a subset of the batch) and whether its keys are in one part (no
-    reduction over the parts: mlx 0.32.4's shapeless compile crashes on a reduction over an axis of size 1).
-    """
-
-    def merged(*arrays: mx.array) -> tuple[mx.array, mx.array]:
-        acc, i = None, 0
-        for has_rows, single in structure:
-            if single:
-                o, lse = mx.squeeze(arrays[i], 0), mx.squeeze(arrays[i + 1], 0)
-            else:
-                o, lse = _merge_splits(arrays[i], arrays[i + 1])
-            o, lse = mx.expand_dims(o, 2), mx.expand_dims(lse, 2)
-            if has_rows:
-                o, lse = _scatter_rows(o, lse, arrays[i + 2], arrays[i + 3])
-            i += 4 if has_rows else 2
-            acc = (o, lse) if acc is None else _merge2(*acc, o, lse)
-        assert acc is not None, "a decode step's prefix attends to some level"
-        return acc
-
-    return merged
-
-
-def _merge_splits(o: mx.array, lse: mx.array) -> tuple[mx.array, mx.array]:
-    """o [S, ..., D], lse [S, ...]: attention over S disjoint parts of the keys, merged into one (o, lse)."""
-    m = lse.max(axis=0)
-    m = mx.where(m == NEG_INF, 0.0, m)
-    w = mx.exp(lse - m)
-    total = w.sum(axis=0)
-    return (o * w[..., None]).sum(axis=0) / mx.maximum(total, 1e-30)[..., None], m + mx.log(total)
-
-
-def prefix_supported(dtype: Any, heads: int, kv_heads: int, dim: int) -> bool:
-    from omlx_jobs.worker import cascade_prefix
-
-    return cascade_prefix.supported(dtype, heads, kv_heads, dim)
-
-
-@contextlib.contextmanager
-def kernel_enabled(
-    kernel: Callable[..., mx.array] | None = None, prefix: Callable[..., tuple[mx.array, mx.array]] | None = None
-) -> Iterator[None]:
-    """Merge decode steps' suffixes in `kernel` and attend their prefix levels in `prefix` while the block runs.
-
-    Defaults: the CUDA kernels (cascade_kernel.suffix_decode; cascade_prefix.prefix_decode where it takes the
-    dtype and head size, unless cascade_prefix.ENABLED is off: then the levels are mx ops). Outside the block, and
-    for prefill chunks, cascade attention is mx ops. Tests pass the kernels' mx-ops references.
-    """
-    if kernel is None:
-        from omlx_jobs.worker import cascade_kernel, cascade_prefix
-
-        kernel = cascade_kernel.suffix_decode
-        if prefix is None and cascade_prefix.ENABLED:
-            prefix = cascade_prefix.prefix_decode
-    previous = getattr(_state, "kernel", None), getattr(_state, "prefix", None)
-    _state.kernel, _state.prefix = kernel, prefix
-    try:
-        yield
-    finally:
-        _state.kernel, _state.prefix = previous
 
 
 def install(model: Any) -> bool:
@@ -452,3 +286,6 @@ def eligible(model: Any) -> bool:
     if getattr(model, "model_type", None) not in MODEL_TYPES:
         return False
     return all(type(c) is KVCache for c in make_prompt_cache(model))
+
+
+from omlx_jobs.worker import cascade_decode  # noqa: E402  (it uses this module's parts; imported last)

@@ -23,7 +23,7 @@ from typing import Any
 
 from mlx_lm.models.cache import KVCache
 
-from omlx_jobs.worker import cascade
+from omlx_jobs.worker import cascade_decode
 from omlx_jobs.worker.backend import DecodeBatch, ModelBackend, RowOutput, RowSpec, Timings
 from omlx_jobs.worker.cascade_cache import SharedPrefixes, row_caches
 from omlx_jobs.worker.lifetimes import Hold
@@ -100,7 +100,7 @@ class CascadeBatch(DecodeBatch):
         self._holds: dict[int, list[Hold]] = {}
         self._taken: list[list[Hold]] = []
         if backend.ragged:  # CUDA: the rows' own suffixes in the cascade kernel
-            self._closing.enter_context(cascade.kernel_enabled())
+            self._closing.enter_context(cascade_decode.kernel_enabled())
 
     def insert(self, rows: Sequence[RowSpec]) -> list[int]:
         self._taken = []

@@ -3,7 +3,7 @@
 In a decode step, the rows that share a prefix level attend to it together: for each kv head, the rows' G query
 heads are M = rows * G queries against the level's P keys (512 x 3,072 for 128 rows of a Qwen3-8B shape). In
 mx ops that is two matmuls, two reductions and an exponent over an M x P score matrix written to memory
-(cascade._softmax_v); here it is one launch that keeps the scores in registers (flash-decoding): each block takes
+(cascade.softmax_v); here it is one launch that keeps the scores in registers (flash-decoding): each block takes
 16 * WARPS queries of one kv head and one split of the keys, computes S = Q K^T and O = P V with bf16/fp16
 `mma.sync` (m16n8k16, float32 accumulators) over tiles of 32 keys (copied to shared memory asynchronously, the
 next while this one is used), with an online softmax in base 2, and writes
@@ -273,7 +273,7 @@ def prefix_decode(
     q: [B, H, 1, D] for the whole batch (bf16 or fp16); keys, values: [1, kv_heads, P, D] (any strides); rows:
     the batch rows of the level ([r] int32), None for all B. Returns o [S, r, H, D] float32 and lse [S, r, H]
     float32 for each of the S splits of the keys (lse -inf and o 0 for a split without keys), in the level's row
-    order: cascade._merge_splits makes them one (o, lse).
+    order: cascade_decode._merge_splits makes them one (o, lse).
     """
     global _kernel, _no_rows
     if _kernel is None:
