@@ -94,30 +94,26 @@ def step_ms(model: Any, caches: list[Any], iters: int, route: Any = None) -> tup
 
 
 @contextlib.contextmanager
+def _setting(module: Any, name: str, value: Any) -> Any:
+    """module.name = value while the block runs (the switches the modes differ by)."""
+    previous = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, previous)
+
+
 def _eager() -> Any:
-    previous, cascade.COMPILE = cascade.COMPILE, False
-    try:
-        yield
-    finally:
-        cascade.COMPILE = previous
+    return _setting(cascade, "COMPILE", False)
 
 
-@contextlib.contextmanager
 def _prefix_kernel(on: bool) -> Any:
-    previous, cascade_prefix.ENABLED = cascade_prefix.ENABLED, on
-    try:
-        yield
-    finally:
-        cascade_prefix.ENABLED = previous
+    return _setting(cascade_prefix, "ENABLED", on)
 
 
-@contextlib.contextmanager
 def _fused_decode(value: str) -> Any:
-    previous, cascade_fused.FUSED_DECODE = cascade_fused.FUSED_DECODE, value
-    try:
-        yield
-    finally:
-        cascade_fused.FUSED_DECODE = previous
+    return _setting(cascade_fused, "FUSED_DECODE", value)
 
 
 def route(mode: str, cuda: bool) -> Any:

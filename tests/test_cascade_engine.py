@@ -258,23 +258,16 @@ def test_the_cuda_path_with_the_prefix_kernel_reference(
     wide = load(str(build_tiny_model(tmp_path_factory.mktemp("wide") / "m", hidden_size=256)))
     prompts = job_prompts(seed=7)
     today = run_job(wide, prompts, use=False, batch=5, ragged_decode=False)
-    calls: Counter[str] = Counter()
-
-    def counted(name: str, fn: Any) -> Any:
-        def call(*args: Any) -> Any:
-            calls[name] += 1
-            return fn(*args)
-
-        return call
-
     monkeypatch.setattr(attention, "available", lambda: True)
     monkeypatch.setattr(attention, "ragged_decode", attention.ragged_reference)
-    monkeypatch.setattr(cascade_kernel, "suffix_decode", counted("suffix", cascade_kernel.suffix_decode_reference))
-    monkeypatch.setattr(cascade_prefix, "prefix_decode", counted("prefix", cascade_prefix.prefix_decode_reference))
+    monkeypatch.setattr(cascade_kernel, "suffix_decode", cascade_kernel.suffix_decode_reference)
+    monkeypatch.setattr(cascade_prefix, "prefix_decode", cascade_prefix.prefix_decode_reference)
+    suffix_calls = count_calls(monkeypatch, cascade_kernel, "suffix_decode")
+    prefix_calls = count_calls(monkeypatch, cascade_prefix, "prefix_decode")
     monkeypatch.setattr(cascade_decode, "prefix_supported", lambda *a: True)  # the tiny model is float32
     monkeypatch.setattr(cascade, "compiling", lambda: compiled)
     monkeypatch.setattr(cascade_decode, "_decode_steps", {})
     monkeypatch.setattr(cascade_decode, "_merges", {})
     monkeypatch.setattr(cascade_prefix, "ENABLED", prefix)
     assert run_job(wide, prompts, use=True, batch=5) == today
-    assert (calls["prefix"] > 0) is prefix and calls["suffix"] > 0
+    assert (prefix_calls() > 0) is prefix and suffix_calls() > 0
