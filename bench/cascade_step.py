@@ -301,7 +301,7 @@ def check_kernel() -> None:
                     o, lse = cascade.merge([cascade.attend_level(q, lv, scale) for lv in levels])
                     kern = cascade_kernel.suffix_decode(q, k, v, start, o, lse, scale).astype(mx.float32)
                     want = cascade_kernel.suffix_decode_reference(q, k, v, start, o, lse, scale).astype(mx.float32)
-                    with cascade_decode.kernel_enabled():
+                    with _prefix_kernel(False), cascade_decode.kernel_enabled():
                         whole = cascade.attention(q, k, v, levels, scale, mask, start).astype(mx.float32)
                     errors[1:] = [mx.abs(kern - want).max().item(), mx.abs(whole - ref).max().item()]
                     fused = cascade_fused.decode(q, k, v, k.shape[2], start, levels, scale).astype(mx.float32)
@@ -350,7 +350,8 @@ def check_one_level(case: Any) -> None:
 
 def check_prefix_kernel() -> None:
     """The prefix kernel against its mx-ops reference, split by split: all rows or a subset, lengths off the key
-    tile, keys that are views into longer buffers (strided, offset), as the engine's levels are."""
+    tile, keys that are views into longer buffers (strided, offset), as the engine's levels are, or whose rows are
+    not 16-byte aligned (with the subsets)."""
     import mlx.core as mx
 
     mx.random.seed(3)
@@ -359,8 +360,12 @@ def check_prefix_kernel() -> None:
         for dim in (64, 96, 128):
             for batch, heads, kv_heads, length, subset in shapes:
                 q = random_array((batch, heads, 1, dim), dtype)
-                buffers = [random_array((1, kv_heads, length + 40, dim), dtype) for _ in range(2)]
-                keys, values = (b[:, :, 3 : 3 + length] for b in buffers)
+                if subset:  # rows 2 bytes past 16-byte alignment: the kernel's element-by-element loads
+                    buffers = [random_array((1, kv_heads, length + 40, dim + 1), dtype) for _ in range(2)]
+                    keys, values = (b[:, :, 3 : 3 + length, :dim] for b in buffers)
+                else:  # views into longer buffers, as the engine's levels are (16-byte aligned rows)
+                    buffers = [random_array((1, kv_heads, length + 40, dim), dtype) for _ in range(2)]
+                    keys, values = (b[:, :, 3 : 3 + length] for b in buffers)
                 rows = mx.array(list(range(1, batch, 2)), mx.int32) if subset else None
                 scale = dim**-0.5
                 try:

@@ -126,6 +126,7 @@ def test_the_compiled_path_follows_the_batch_as_it_grows_and_shrinks(route: str,
     monkeypatch.setattr(cascade, "compiling", lambda: True)
     monkeypatch.setattr(cascade_decode, "_decode_steps", {})
     monkeypatch.setattr(cascade_decode, "_merges", {})
+    monkeypatch.setattr(cascade_prefix, "MIN_SPLIT", 16)  # the prefix route's levels in several parts
     kernels = {
         "mx": contextlib.nullcontext(),
         "kernel": cascade_decode.kernel_enabled(cascade_kernel.suffix_decode_reference),

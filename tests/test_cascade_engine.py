@@ -269,5 +269,6 @@ def test_the_cuda_path_with_the_prefix_kernel_reference(
     monkeypatch.setattr(cascade_decode, "_decode_steps", {})
     monkeypatch.setattr(cascade_decode, "_merges", {})
     monkeypatch.setattr(cascade_prefix, "ENABLED", prefix)
+    monkeypatch.setattr(cascade_prefix, "MIN_SPLIT", 8)  # the job's levels (up to 48 tokens) in several parts
     assert run_job(wide, prompts, use=True, batch=5) == today
     assert (prefix_calls() > 0) is prefix and suffix_calls() > 0

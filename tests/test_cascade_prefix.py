@@ -13,7 +13,7 @@ from omlx_jobs.worker import cascade, cascade_decode, cascade_kernel, cascade_pr
 from tests.cascade_cases import case
 
 TOLERANCE = {mx.bfloat16: 3e-2, mx.float16: 5e-3}
-SEGMENTS = [150, 70, 14, 9]  # longer than a key tile (32): a level splits into several parts, some of them empty
+SEGMENTS = [150, 70, 14, 9]  # longer than a key tile (32): with MIN_SPLIT 16, a level splits into several parts
 
 
 def spy(calls: list[int]) -> object:
@@ -134,3 +134,12 @@ def test_the_suffix_kernel_reference_merges_parts_as_one() -> None:
     assert mx.allclose(one, many, atol=1e-5)
     first = cascade_kernel.suffix_decode_reference(q, k, v, start, o_parts[:1], lse_parts[:1], 0.125)
     assert not mx.allclose(first, many, atol=1e-2)
+
+
+def test_every_part_holds_keys() -> None:
+    """Parts are whole key tiles: where rounding up leaves the last ones empty, there are fewer parts."""
+    for queries, kv_heads, keys in [(8, 2, 33924), (16, 4, 150), (512, 8, 3072), (4, 8, 37), (128, 8, 1000)]:
+        parts = cascade_prefix.splits(queries, kv_heads, keys)
+        length = cascade_prefix.part_length(keys, parts)
+        assert length % cascade_prefix.KEY_TILE == 0 and (parts - 1) * length < keys <= parts * length
+    assert cascade_prefix.splits(8, 2, 33924) == 118  # 132 wanted, 14 of them would be empty

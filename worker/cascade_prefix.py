@@ -260,9 +260,18 @@ def supported(dtype: Any, heads: int, kv_heads: int, dim: int) -> bool:
 
 
 def splits(queries: int, kv_heads: int, keys: int) -> int:
-    """How many parts a level's keys are split into: enough blocks for the GPU, at least MIN_SPLIT keys each."""
+    """How many parts a level's keys are split into: enough blocks for the GPU, at least MIN_SPLIT keys each.
+
+    A part is a whole number of key tiles (`part_length`), so no more parts than those that hold keys.
+    """
     tiles = math.ceil(queries / (16 * _WARPS)) * kv_heads
-    return max(1, min(math.ceil(TARGET_BLOCKS / tiles), math.ceil(keys / MIN_SPLIT)))
+    parts = max(1, min(math.ceil(TARGET_BLOCKS / tiles), math.ceil(keys / MIN_SPLIT)))
+    return math.ceil(keys / part_length(keys, parts)) if keys else 1
+
+
+def part_length(keys: int, parts: int) -> int:
+    """Keys per part, whole key tiles (the kernel computes the same from its grid)."""
+    return math.ceil(math.ceil(keys / parts) / KEY_TILE) * KEY_TILE
 
 
 def prefix_decode(
@@ -336,7 +345,7 @@ def prefix_decode_reference(
     r, heads, _, dim = q.shape
     kv_heads, length = keys.shape[1], keys.shape[2]
     parts = splits(r * (heads // kv_heads), kv_heads, length)
-    step = math.ceil(math.ceil(length / parts) / KEY_TILE) * KEY_TILE
+    step = part_length(length, parts)
     outs, lses = [], []
     for s in range(parts):
         lo, hi = min(s * step, length), min((s + 1) * step, length)
