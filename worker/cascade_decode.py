@@ -87,7 +87,7 @@ def _decode_step(
 def _decode_graph(
     kv_heads: int, g: int, scale: float, structure: tuple[bool, ...], own: bool, base2: bool = False
 ) -> Callable[..., tuple[mx.array, mx.array]]:
-    """decode(q, [k, v, mask], *levels) -> (o [B, H, 1, D] float32, lse [B, H, 1]): no reshape, so shapeless.
+    """decode(q, [k, v, mask], *levels) -> (o [B, H, 1, D] float32, lse [B, H, 1]); shapeless but for the rows.
 
     The G query heads of a kv head are its rows' queries ([B, kv_heads, G, D]); a level folds its rows into them
     ([1, kv_heads, r * G, D]). `own`: also attend the own suffixes (else the kernel does, from o and lse).
