@@ -16,7 +16,7 @@ from typing import Any
 import mlx.core as mx
 
 from omlx_jobs.worker import attention as ragged
-from omlx_jobs.worker import cascade
+from omlx_jobs.worker import cascade, cascade_kernel, cascade_prefix
 from omlx_jobs.worker import cascade_fused as fused
 from omlx_jobs.worker.cascade import NEG_INF, Level, merge_pair, scatter_rows, softmax_v
 
@@ -75,12 +75,17 @@ def _decode_step(
     compiled = cascade.compiling()
     base2 = not compiled and mx.default_device() == mx.cpu
     key = (kv_heads, g, scale, structure, kernel is None, compiled, base2, sizes if compiled else ())
-    fn = _decode_steps.get(key)
+    return _memoised(_decode_steps, key, lambda: _decode_graph(kv_heads, g, scale, structure, kernel is None, base2))
+
+
+def _memoised(memo: dict[tuple[Any, ...], Callable[..., Any]], key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
+    """memo[key], built (and compiled shapeless on GPUs) the first time; bounded, as batches of ever new level
+    structures and shapes would grow it."""
+    fn = memo.get(key)
     if fn is None:
-        if len(_decode_steps) >= 256:  # batches of ever new level structures: keep the memo bounded
-            _decode_steps.clear()
-        fn = _decode_graph(kv_heads, g, scale, structure, own=kernel is None, base2=base2)
-        fn = _decode_steps[key] = mx.compile(fn, shapeless=True) if compiled else fn
+        if len(memo) >= 256:
+            memo.clear()
+        fn = memo[key] = mx.compile(build(), shapeless=True) if cascade.compiling() else build()
     return fn
 
 
@@ -126,13 +131,7 @@ def _prefix_levels(
         structure.append((lv.rows is not None, o.shape[0] == 1))
     # Keyed on the head count and size too: mlx 0.32.4's shapeless compile keeps a gather's (mx.take's) slice shape.
     key = (tuple(structure), q.shape[1], q.shape[3], cascade.compiling())
-    fn = _merges.get(key)
-    if fn is None:
-        if len(_merges) >= 256:
-            _merges.clear()
-        fn = _merge_levels(tuple(structure))
-        fn = _merges[key] = mx.compile(fn, shapeless=True) if cascade.compiling() else fn
-    return fn(*flat)
+    return _memoised(_merges, key, lambda: _merge_levels(tuple(structure)))(*flat)
 
 
 _merges: dict[tuple[Any, ...], Callable[..., Any]] = {}
@@ -173,8 +172,6 @@ def _merge_splits(o: mx.array, lse: mx.array) -> tuple[mx.array, mx.array]:
 
 
 def prefix_supported(dtype: Any, heads: int, kv_heads: int, dim: int) -> bool:
-    from omlx_jobs.worker import cascade_prefix
-
     return cascade_prefix.supported(dtype, heads, kv_heads, dim)
 
 
@@ -189,8 +186,6 @@ def kernel_enabled(
     for prefill chunks, cascade attention is mx ops. Tests pass the kernels' mx-ops references.
     """
     if kernel is None:
-        from omlx_jobs.worker import cascade_kernel, cascade_prefix
-
         kernel = cascade_kernel.suffix_decode
         if prefix is None and cascade_prefix.ENABLED:
             prefix = cascade_prefix.prefix_decode
