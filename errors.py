@@ -76,6 +76,21 @@ class ErrorCode(str, Enum):
         return format(self.value, spec)
 
 
+class FinishReason(str, Enum):
+    """Why a choice stopped, as OpenAI's `finish_reason` says it. A member equals its value (`"stop"`)."""
+
+    STOP = "stop"
+    """An end-of-sequence token or a stop string."""
+    LENGTH = "length"
+    """max_tokens, or the model's context, reached."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
 # Codes an input line can get at submit: the line is wrong.
 INPUT_ERROR_CODES = frozenset(
     {

@@ -1,8 +1,9 @@
-"""Shared fixtures: a tiny real model, a real Redis database of the tests' own, SQLite and PostgreSQL stores."""
+"""Shared fixtures: a tiny real model, a Redis server of the tests' own, SQLite and PostgreSQL stores."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,9 +11,10 @@ from pathlib import Path
 import pytest
 
 import omlx_jobs.worker  # noqa: F401  (loads OpenBLAS before anything imports mlx)
+from tests.fault_harness import RedisServer
 from tests.tiny_model import build_tiny_model
 
-TEST_REDIS_URL = os.environ.get("OMLX_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
+TEST_REDIS_URL = os.environ.get("OMLX_TEST_REDIS_URL", "")
 TEST_PG_URL = os.environ.get("OMLX_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
@@ -28,20 +30,41 @@ def tiny_loaded(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
     return load(str(tiny_model_dir))
 
 
-@pytest.fixture
-def redis_url() -> Iterator[str]:
-    """A real Redis server; the tests use their own database number and flush only that one."""
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Redis server of this test session's own, on a free loopback port: the suite never touches a Redis it did
+    not start, so two suites on one machine (or a user's own Redis) keep their data.
+
+    OMLX_TEST_REDIS_URL points the suite at an existing server instead; its database must be empty at the start
+    (checked), and only that database is flushed between tests."""
     import redis
 
-    conn = redis.Redis.from_url(TEST_REDIS_URL)
-    try:
-        conn.ping()
-    except redis.exceptions.ConnectionError as exc:
-        pytest.fail(f"tests need a Redis server at {TEST_REDIS_URL} (.ci/run starts one): {exc}")
-    assert conn.connection_pool.connection_kwargs.get("db", 0) != 0, "tests must not use Redis db 0"
+    if TEST_REDIS_URL:
+        conn = redis.Redis.from_url(TEST_REDIS_URL)
+        try:
+            size = conn.dbsize()
+        except redis.exceptions.ConnectionError as exc:
+            pytest.fail(f"OMLX_TEST_REDIS_URL={TEST_REDIS_URL} is not reachable: {exc}")
+        if size:
+            pytest.fail(f"OMLX_TEST_REDIS_URL={TEST_REDIS_URL} holds {size} keys: give the tests an empty database")
+        yield TEST_REDIS_URL
+        return
+    if shutil.which("redis-server") is None:
+        pytest.fail("tests need redis-server on PATH (scripts/setup --services installs it)")
+    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
+        yield server.url()
+
+
+@pytest.fixture
+def redis_url(redis_server: str) -> Iterator[str]:
+    """A real Redis database that belongs to the tests, emptied before and after each test."""
+    import redis
+
+    conn = redis.Redis.from_url(redis_server)
     conn.flushdb()
-    yield TEST_REDIS_URL
+    yield redis_server
     conn.flushdb()
+    conn.close()
 
 
 @pytest.fixture
