@@ -71,7 +71,7 @@ def summarize(
     on the job's queue (None when Redis was not asked).
     """
     now = time.time() if now is None else now
-    done = counts.completed + counts.failed + counts.cancelled
+    done = counts.done
     start = counts.first_started_at
     end = counts.last_finished_at if counts.pending == 0 and counts.last_finished_at else now
     elapsed = max(end - start, 1e-9) if start else 0.0
