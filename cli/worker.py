@@ -28,7 +28,7 @@ def engine_options(fn: Any) -> Any:
             default=defaults.BATCH_SIZE,
             show_default=True,
             help="Sequences decoded together. On an NVIDIA GPU try 128: decoding is about 2.8x faster at 1k-token "
-            "contexts (bench/decode_step.py); the KV cache grows with it.",
+            "contexts (bench/kernels/decode_step.py); the KV cache grows with it.",
         ),
         click.option(
             "--prefill-batch-size",
