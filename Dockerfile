@@ -17,7 +17,8 @@ WORKDIR /src
 # Only what the package is built from (the repository root is the import package `omlx_jobs`);
 # README.md* matches nothing harmlessly if the file is absent.
 COPY pyproject.toml README.md* ./
-COPY __init__.py cli.py py.typed ./
+COPY __init__.py defaults.py errors.py py.typed ./
+COPY cli ./cli
 COPY jobs ./jobs
 COPY store ./store
 COPY worker ./worker

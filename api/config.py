@@ -50,10 +50,6 @@ class ServeConfig:
             if not name or not ref:
                 raise ConfigError(f"--model {name}={ref}: give NAME=MODEL or MODEL")
 
-    @property
-    def auth_required(self) -> bool:
-        return bool(self.api_keys)
-
 
 def parse_api_keys(cli_keys: tuple[str, ...] | list[str], env: str | None = None) -> tuple[str, ...]:
     """Keys from --api-key (repeatable) and OMLX_JOBS_API_KEYS (comma-separated); blanks dropped."""

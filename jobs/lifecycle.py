@@ -26,7 +26,6 @@ EXPIRED = "expired"
 
 STATUSES = (VALIDATING, IN_PROGRESS, FINALIZING, COMPLETED, FAILED, CANCELLING, CANCELLED, EXPIRED)
 TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED, EXPIRED})
-RUNNABLE = frozenset({IN_PROGRESS})
 
 
 def new_job_id() -> str:
@@ -72,7 +71,7 @@ def summarize(
     on the job's queue (None when Redis was not asked).
     """
     now = time.time() if now is None else now
-    done = counts.completed + counts.failed + counts.cancelled
+    done = counts.done
     start = counts.first_started_at
     end = counts.last_finished_at if counts.pending == 0 and counts.last_finished_at else now
     elapsed = max(end - start, 1e-9) if start else 0.0

@@ -11,7 +11,7 @@ from pathlib import Path
 from queue import Queue
 from typing import IO, Any
 
-from omlx_jobs.errors import ErrorCode, OmlxError
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs import lifecycle
 from omlx_jobs.jobs.formats import NO_FILES, InputError, parse_stream
 from omlx_jobs.jobs.images import ImageAccess
@@ -38,10 +38,6 @@ class LoadResult:
             return f"rejected: {self.invalid} bad line(s), nothing was queued"
         skipped = f", {self.invalid} invalid line(s) recorded as failed" if self.invalid else ""
         return f"{self.valid} request(s){skipped}"
-
-
-class EmptyInput(OmlxError, ValueError):
-    pass
 
 
 class _ChunkWriter:

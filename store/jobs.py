@@ -56,6 +56,11 @@ class JobCounts:
     first_started_at: float | None
     last_finished_at: float | None
 
+    @property
+    def done(self) -> int:
+        """Requests with a final status: completed, failed or cancelled."""
+        return self.completed + self.failed + self.cancelled
+
 
 _JOB_COLUMNS = [c.name for c in Job.__table__.columns]
 

@@ -1,4 +1,4 @@
-"""Batches for cascade attention checks (tests/test_cascade.py, bench/cascade_step.py): no pytest needed.
+"""Batches for cascade attention checks (tests/test_cascade.py, bench/kernels/cascade_step.py): no pytest needed.
 
 Rows with left-padded own suffixes of different lengths, 1- and 2-level prefix chains, several groups and a row
 with no prefix; the reference is mx.fast.scaled_dot_product_attention per row over its concatenated keys.

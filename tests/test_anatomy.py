@@ -98,8 +98,9 @@ def test_the_cli_reads_defaults_instead_of_restating_them() -> None:
 
     values = {v for k, v in vars(defaults).items() if k.isupper() and isinstance(v, (int, float))}
     restated = []
-    for node in ast.walk(tree(ROOT / "cli.py")):
-        literal = isinstance(node, ast.keyword) and node.arg == "default" and isinstance(node.value, ast.Constant)
-        if literal and (node.value.value in values or node.value.value in ("2GB", "10GB")):  # type: ignore[attr-defined]
-            restated.append(f"cli.py:{node.value.lineno}: default={node.value.value!r}")  # type: ignore[attr-defined]
+    for path in sorted((ROOT / "cli").glob("*.py")):
+        for node in ast.walk(tree(path)):
+            literal = isinstance(node, ast.keyword) and node.arg == "default" and isinstance(node.value, ast.Constant)
+            if literal and (node.value.value in values or node.value.value in ("2GB", "10GB")):  # type: ignore[attr-defined]
+                restated.append(f"cli/{path.name}:{node.value.lineno}: default={node.value.value!r}")  # type: ignore[attr-defined]
     assert restated == []

@@ -1,6 +1,6 @@
 """Ragged decode attention (worker/attention.py): what the kernel must compute, and when the engine uses it.
 
-The CUDA kernel itself runs only on an NVIDIA GPU: `bench/decode_step.py` prints its largest difference from
+The CUDA kernel itself runs only on an NVIDIA GPU: `bench/kernels/decode_step.py` prints its largest difference from
 mlx's masked attention there. Here (CPU) the routing is checked with the mlx-ops reference in its place.
 """
 

@@ -1,7 +1,7 @@
 """The prefix levels of a cascade decode step through cascade_prefix's contract (its CUDA kernel's, here its mx-ops
 reference): the keys split into parts, each part's (o, lse), the parts merged and scattered back to the batch.
 
-The CUDA kernel itself is checked against the reference on the GPU (bench/cascade_step.py `check`).
+The CUDA kernel itself is checked against the reference on the GPU (bench/kernels/cascade_step.py `check`).
 """
 
 from __future__ import annotations

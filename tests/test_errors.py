@@ -10,7 +10,6 @@ from omlx_jobs.errors import INPUT_ERROR_CODES, SERVER_ERROR_CODES, ErrorCode, O
 from omlx_jobs.jobs.errors import BadValue, InputError, InvalidLine
 from omlx_jobs.jobs.export import OutputExists
 from omlx_jobs.jobs.queue import RedisUnavailable
-from omlx_jobs.jobs.submit import EmptyInput
 from omlx_jobs.store.errors import JobNotFound, StoreError
 
 
@@ -68,7 +67,6 @@ def test_every_error_type_derives_from_the_base() -> None:
         InvalidLine,
         OutputExists,
         RedisUnavailable,
-        EmptyInput,
         StoreError,
         JobNotFound,
         UnknownJob,

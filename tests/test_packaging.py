@@ -28,7 +28,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_wheel_holds_one_package_and_the_console_script(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     for module in (
-        "cli.py",
+        "cli/__init__.py",
+        "cli/app.py",
         "jobs/formats.py",
         "jobs/queue.py",
         "store/db.py",

@@ -1,7 +1,7 @@
 """Multiple-choice scoring: echo with max_tokens 0 through the engine, against a plain mlx-lm forward pass per
 (question, answer).
 
-    PYTHONPATH=. .venv/bin/python bench/scoring.py --model gguf:$(.venv/bin/omlx-jobs models smollm2-path)
+    PYTHONPATH=. .venv/bin/python bench/engine/scoring.py --model gguf:$(.venv/bin/omlx-jobs models smollm2-path)
 
 N questions x 4 answers, completions requests `{"prompt": question + answer, "max_tokens": 0, "echo": true,
 "logprobs": 1}`. The engine plans them (the question is a shared prefix: one warm-up scores it, each answer
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 SUBJECTS = ["capital", "river", "mountain", "painter", "poet", "composer", "island", "desert", "lake", "king"]
 ANSWERS = [" Paris", " the Danube", " Mount Everest", " none of the above"]
@@ -94,7 +94,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import omlx_jobs.worker  # noqa: F401  (OpenBLAS before mlx)
-    from bench.models import load_bench_model
+    from bench.lib.models import load_bench_model
 
     report: dict[str, Any] = {"model": args.model, "args": vars(args) | {"json": str(args.json)}}
     report["load_before"] = os.getloadavg()

@@ -6,8 +6,8 @@ blocks exponentiated with the decode steps' base-2 polynomial (cascade._exp2) in
 decode step's attention of --decode-rows rows to a shared prefix of --decode-keys keys (cascade.softmax_v, the
 rows' queries folded together), with power(2, x) and with the polynomial.
 
-    .venv/bin/python bench/cpu_prefill.py                      # SmolLM2's shape: 9 heads, 3 kv heads, D 64
-    .venv/bin/python bench/cpu_prefill.py --heads 32 --kv-heads 8 --dim 128 --n 1024
+    .venv/bin/python bench/kernels/cpu_prefill.py                      # SmolLM2's shape: 9 heads, 3 kv heads, D 64
+    .venv/bin/python bench/kernels/cpu_prefill.py --heads 32 --kv-heads 8 --dim 128 --n 1024
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import omlx_jobs.worker  # noqa: F401  (a fast BLAS before mlx)
 

@@ -10,8 +10,8 @@ decode step of mlx-lm's batched KV cache in isolation, side by side in one run:
   err      the ragged kernel's largest difference from masked mx.fast attention on ragged rows
   matmul   one [B, hidden] x [hidden, intermediate] projection
 
-    python3 bench/decode_step.py --model random:qwen3-8b --dtype bfloat16     # on a GPU
-    .venv/bin/python bench/decode_step.py --model tiny --quick
+    python3 bench/kernels/decode_step.py --model random:qwen3-8b --dtype bfloat16     # on a GPU
+    .venv/bin/python bench/kernels/decode_step.py --model tiny --quick
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.models import load_bench_model
-from bench.steps import timed
+from bench.lib.models import load_bench_model
+from bench.lib.steps import timed
 from omlx_jobs.worker import attention  # the worker package loads a fast BLAS before mlx
 
 

@@ -18,8 +18,8 @@ Side by side in one run, for each row count R (a shared prefix of P tokens plus 
   floor       where a small-context step goes: Python graph construction vs evaluation, graph nodes per
               step, the weights' matmuls alone, and an mx.compile'd fixed-shape decode step vs uncompiled
 
-    python3 bench/cascade_step.py --model random:qwen3-8b --dtype bfloat16            # H200, about 3-5 min
-    .venv/bin/python bench/cascade_step.py --model tiny --quick                       # smoke test
+    python3 bench/kernels/cascade_step.py --model random:qwen3-8b --dtype bfloat16            # H200, about 3-5 min
+    .venv/bin/python bench/kernels/cascade_step.py --model tiny --quick                       # smoke test
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.models import load_bench_model
-from bench.steps import floor, graph_nodes, own_caches, random_array, stacked_ms, timed
+from bench.lib.models import load_bench_model
+from bench.lib.steps import floor, graph_nodes, own_caches, random_array, stacked_ms, timed
 from omlx_jobs.worker import (  # the worker package loads a fast BLAS first
     attention,
     cascade,
@@ -283,7 +283,7 @@ def check_kernel() -> None:
     import mlx.core as mx
 
     # By path: a `tests` package elsewhere on sys.path (some wheels ship one) must not shadow ours.
-    path = Path(__file__).resolve().parents[1] / "tests" / "cascade_cases.py"
+    path = Path(__file__).resolve().parents[2] / "tests" / "cascade_cases.py"
     spec = importlib.util.spec_from_file_location("cascade_cases", path)
     assert spec is not None and spec.loader is not None
     cases = importlib.util.module_from_spec(spec)

@@ -15,10 +15,10 @@ variants run interleaved, --runs times; medians are reported):
 Printed: wall time per variant, ratios to "engine", vision-encoder calls, prompt tokens computed, and how many of
 the 64 greedy outputs equal the mlx-vlm loop's token for token.
 
-    .venv/bin/python bench/vision.py --quick                              # tiny fixture, CPU, seconds
-    .venv/bin/python bench/vision.py                                      # tiny fixture, the 64 x 8 job
-    python3 bench/vision.py --model random:qwen2-vl-7b --dtype bfloat16   # a GPU: Qwen2-VL-7B's shape
-    .venv/bin/python bench/vision.py --model random:qwen2-vl-mini --quick # that code path, small, on a CPU
+    .venv/bin/python bench/engine/vision.py --quick                              # tiny fixture, CPU, seconds
+    .venv/bin/python bench/engine/vision.py                                      # tiny fixture, the 64 x 8 job
+    python3 bench/engine/vision.py --model random:qwen2-vl-7b --dtype bfloat16   # a GPU: Qwen2-VL-7B's shape
+    .venv/bin/python bench/engine/vision.py --model random:qwen2-vl-mini --quick # that code path, small, on a CPU
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import omlx_jobs.worker  # noqa: F401  (fast BLAS before mlx)

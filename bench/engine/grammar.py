@@ -1,6 +1,6 @@
 """Constrained decoding: grammar compile time per schema, and json_schema throughput against unconstrained.
 
-    .venv/bin/python bench/grammar.py --model gguf:$(.venv/bin/omlx-jobs models smollm2-path) --json out.json
+    .venv/bin/python bench/engine/grammar.py --model gguf:$(.venv/bin/omlx-jobs models smollm2-path) --json out.json
 
 1. Compile: the GrammarTokenizer build (once per model), then each schema of tests/data/schemas/schemas.json
    compiled cold (a GrammarCache miss, first mask included) and cached (a hit: a copy of the compiled matcher).
@@ -19,7 +19,7 @@
    order reverses each time, so load changes reach every variant alike.
 
 On a GPU host without network (wheels staged in /tmp/site: llguidance; jsonschema optional):
-    PYTHONPATH=/tmp/site:$PWD python3 bench/grammar.py --model tiny --requests 64 --max-tokens 64
+    PYTHONPATH=/tmp/site:$PWD python3 bench/engine/grammar.py --model tiny --requests 64 --max-tokens 64
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ and tests/ as packages
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ and tests/ as packages
 
-SCHEMAS = json.loads((Path(__file__).parent.parent / "tests/data/schemas/schemas.json").read_text())["schemas"]
+SCHEMAS = json.loads((Path(__file__).resolve().parents[2] / "tests/data/schemas/schemas.json").read_text())["schemas"]
 TEXTS = [
     "Ada Lovelace, 36, wrote to ada@example.org about the engine.",
     "The food was wonderful and the staff friendly; we will come back.",
@@ -48,7 +48,7 @@ TEXTS = [
 
 
 def _load(ref: str) -> Any:
-    from bench.models import load_bench_model
+    from bench.lib.models import load_bench_model
 
     return load_bench_model(ref)
 

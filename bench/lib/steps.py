@@ -1,6 +1,6 @@
 """Measuring decode steps: timing, random batch caches, graph sizes, and where a small-context step goes.
 
-Shared by bench/cascade_step.py; `floor` is its step-floor probe: Python graph construction against
+Shared by bench/kernels/cascade_step.py; `floor` is its step-floor probe: Python graph construction against
 evaluation, steps pipelined as BatchGenerator runs them, graph nodes per step, the projections alone, and an
 mx.compile'd fixed-shape step against the same uncompiled.
 """

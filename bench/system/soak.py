@@ -9,8 +9,8 @@ Prints requests, kills, lost, duplicated, wrong, recomputed per kill (requests s
 attempts - 1, summed, over the kills) against the batch a worker holds in flight (--batch-size +
 --prefill-batch-size), Redis restarts, drains and wall time. Exits 1 if anything was lost, duplicated or wrong.
 
-    .venv/bin/python bench/soak.py                        # 20 kills, 1 Redis restart, 1 drain, tiny model
-    .venv/bin/python bench/soak.py --pickup-trials 4      # also: how soon a dead worker's shard runs again
+    .venv/bin/python bench/system/soak.py                        # 20 kills, 1 Redis restart, 1 drain, tiny model
+    .venv/bin/python bench/system/soak.py --pickup-trials 4      # also: how soon a dead worker's shard runs again
                                                           # with the default heartbeat TTL (45 s)
 """
 
@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import omlx_jobs.worker  # noqa: F401  (fast BLAS before mlx, for the reference run)
 from tests.fault_harness import Cluster, RedisServer, invoke, outputs, shards_taken, write_greedy

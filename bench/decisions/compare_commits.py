@@ -1,6 +1,6 @@
-"""Benchmark two commits side by side: the same bench/prefix.py workload, old and new alternately, one run.
+"""Benchmark two commits side by side: the same bench/engine/prefix.py workload, old and new alternately, one run.
 
-The old commit is checked out into a temporary git worktree; each side runs its own bench/prefix.py in a
+The old commit is checked out into a temporary git worktree; each side runs its own bench/engine/prefix.py in a
 subprocess whose import path resolves `omlx_jobs` (and `bench`, `tests`) to that side's tree, so the two never
 mix. Runs alternate, in the order old new, new old, old new, ... so that a busy machine slows both alike and
 neither always goes first. The report gives, per workload and configuration: the median wall time of each
@@ -8,8 +8,8 @@ side and their ratio new / old; the ratio of each side's best run (the one a bus
 the per-round ratios; whether both computed the same number of prompt tokens (the same plan). It also gives
 each side's median CPU time per process (user + system, model loading included).
 
-    .venv/bin/python bench/compare_commits.py --old c5f3277 --rounds 3 -- --quick --runs off
-    .venv/bin/python bench/compare_commits.py --old c5f3277 --rounds 2 -- \\
+    .venv/bin/python bench/decisions/compare_commits.py --old c5f3277 --rounds 3 -- --quick --runs off
+    .venv/bin/python bench/decisions/compare_commits.py --old c5f3277 --rounds 2 -- \\
         --model gguf:$(.venv/bin/omlx-jobs models smollm2-path) --scale 0.125 --runs off
 """
 
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parents[2]
 
 
 def git(*args: str, cwd: Path = HERE) -> str:
@@ -55,7 +55,9 @@ def check_imports(root: Path, env: dict[str, str]) -> None:
 
 
 def run_side(root: Path, env: dict[str, str], bench_args: list[str], out_json: Path, log: Any) -> dict[str, Any]:
-    cmd = [sys.executable, str(root / "bench" / "prefix.py"), *bench_args, "--json", str(out_json)]
+    # bench/engine/prefix.py since the benchmarks live in topic folders; an older commit has bench/prefix.py.
+    script = next(p for p in (root / "bench" / "engine" / "prefix.py", root / "bench" / "prefix.py") if p.exists())
+    cmd = [sys.executable, str(script), *bench_args, "--json", str(out_json)]
     tic, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -129,7 +131,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="old/new pairs to run")
     ap.add_argument("--log", type=Path, help="append every run's output here")
     ap.add_argument("--json", type=Path, help="write the comparison here")
-    ap.add_argument("bench_args", nargs=argparse.REMAINDER, help="after --: bench/prefix.py's arguments")
+    ap.add_argument("bench_args", nargs=argparse.REMAINDER, help="after --: bench/engine/prefix.py's arguments")
     args = ap.parse_args()
     bench_args = [a for a in args.bench_args if a != "--"]
     with tempfile.TemporaryDirectory(prefix="omlx-compare-") as tmp:

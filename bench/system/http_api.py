@@ -1,14 +1,14 @@
 """Benchmark: a 100k-line batch through the HTTP API against the CLI, side by side in one run.
 
-    .venv/bin/python bench/http_api.py                    # 100k lines, SQLite, Redis db 5
-    .venv/bin/python bench/http_api.py --lines 20000 --repeat 2
+    .venv/bin/python bench/system/http_api.py                    # 100k lines, SQLite, Redis db 5
+    .venv/bin/python bench/system/http_api.py --lines 20000 --repeat 2
 
-(Not `bench/http.py`: a script run from bench/ has that folder first on sys.path, so a bench/http.py would stand
-in for the standard library's `http` package in every benchmark, and mlx-lm's imports would fail.)
+(Not `http.py`: a script run from bench/system/ has that folder first on sys.path, so a bench/system/http.py
+would stand in for the standard library's `http` package in every benchmark, and mlx-lm's imports would fail.)
 
 HTTP path: the official openai client uploads the file to `omlx-jobs serve` (a separate process) and creates the
 batch (validation and queueing happen in that call); the requests are then marked completed directly in the store
-(bench/submit.py's `complete` phase, not timed: no 100k generations), and the client retrieves the batch and
+(bench/system/submit.py's `complete` phase, not timed: no 100k generations), and the client retrieves the batch and
 streams the output and error files to disk. CLI path: `omlx-jobs submit`, the same marking, `omlx-jobs results`.
 Reported: wall time of each step, the server's peak RSS (VmHWM of its process) and the CLI processes' peak RSS.
 Goal (issue 13): the HTTP path within 1.5x the CLI's time, with the same bounded memory.
@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parents[1]))
+sys.path.insert(0, str(HERE.parents[2]))
 
-from bench.submit import MODEL, _cli, measure, write_input  # noqa: E402
+from bench.lib.processes import measure, omlx_cli  # noqa: E402
+from bench.system.submit import MODEL, write_input  # noqa: E402
 
 KEY = "bench-key-" + uuid.uuid4().hex[:12]
 TARGET_RATIO = 1.5
@@ -59,7 +60,7 @@ class Server:
         self.db = work / "http.db"
         self.log = (work / "server.log").open("wb")
         cmd = [
-            _cli(), "serve", "--port", str(self.port), "--db", str(self.db), "--redis-url", redis_url,
+            omlx_cli(), "serve", "--port", str(self.port), "--db", str(self.db), "--redis-url", redis_url,
             "--files-dir", str(work / "files"), "--api-key", KEY, "--model", f"any={MODEL}",
             "--max-upload-lines", str(max(lines * 2, 1000)), "--max-upload-bytes", "4GB",
         ]  # fmt: skip

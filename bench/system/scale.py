@@ -1,9 +1,9 @@
 """Benchmark: one job on several workers, and the store's cost per committed result (issue 10).
 
-    .venv/bin/python bench/scale.py                       # both parts, defaults below
-    .venv/bin/python bench/scale.py workers --requests 2000 --counts 1,2,3
-    .venv/bin/python bench/scale.py store --results 2000 --writers 1,4 --pg-url postgresql+psycopg://...
-    .venv/bin/python bench/scale.py rss --sizes 20000,200000        # one worker's peak RSS per job size
+    .venv/bin/python bench/system/scale.py                       # both parts, defaults below
+    .venv/bin/python bench/system/scale.py workers --requests 2000 --counts 1,2,3
+    .venv/bin/python bench/system/scale.py store --results 2000 --writers 1,4 --pg-url postgresql+psycopg://...
+    .venv/bin/python bench/system/scale.py rss --sizes 20000,200000        # one worker's peak RSS per job size
 
 workers: the tiny test model, `omlx-jobs worker` processes on one Redis and one store, one job of N greedy
 requests (8 tokens each, prefix groups under 8 system prompts, shards of N/20): wall time from submit to
@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 SYSTEMS = [f"You are assistant {k}. Answer in one short sentence, politely and clearly. " * 3 for k in range(8)]
 
@@ -135,7 +135,7 @@ def bench_workers(opts: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _writer(url: str, job: str, ids: list[int], per_commit: int, barrier: Any, out: Any) -> None:
-    from omlx_jobs.store import Store
+    from omlx_jobs.store import CompletionRow, Store
 
     store = Store(url)
     run = store.start_run(job, 0, 0, f"bench-{os.getpid()}", "m")
@@ -144,7 +144,7 @@ def _writer(url: str, job: str, ids: list[int], per_commit: int, barrier: Any, o
     barrier.wait()
     start = time.perf_counter()
     for i in range(0, len(ids), per_commit):
-        batch = [{"id": rid, "output_text": text, **result} for rid in ids[i : i + per_commit]]
+        batch = [CompletionRow(id=rid, output_text=text, **result) for rid in ids[i : i + per_commit]]
         store.record_completions(batch, run_id=run)
     out.put(time.perf_counter() - start)
     store.close()

@@ -14,10 +14,10 @@ memory is its own: on a GPU mx.get_peak_memory() of the measured job, on the CPU
 included; the RSS after loading is given too). Wall time, and the engine's split (warm-ups, suffix prefill,
 decode), are printed for each, with the ratios.
 
-    .venv/bin/python bench/cascade_job.py --model tiny --preamble 256 --questions 16       # CPU check, seconds
-    .venv/bin/python bench/cascade_job.py --model gguf:$(.venv/bin/omlx-jobs models smollm2-path) \\
+    .venv/bin/python bench/engine/cascade_job.py --model tiny --preamble 256 --questions 16       # CPU check, seconds
+    .venv/bin/python bench/engine/cascade_job.py --model gguf:$(.venv/bin/omlx-jobs models smollm2-path) \\
         --preamble 2000 --questions 64 --batch-size 64                                    # CPU, SmolLM2
-    python bench/cascade_job.py --model random:qwen3-8b --dtype bfloat16 --batch-size 128 --warm job  # GPU
+    python bench/engine/cascade_job.py --model random:qwen3-8b --dtype bfloat16 --batch-size 128 --warm job  # GPU
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import omlx_jobs.worker  # fast BLAS before mlx
 
@@ -59,8 +59,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     """One run in this process: load, compile on a small job, then the measured job; returns its figures."""
     import mlx.core as mx
 
-    from bench.models import load_bench_model
-    from bench.prefix import Workload, run_batch_generate, run_ours
+    from bench.engine.prefix import Workload, run_batch_generate, run_ours
+    from bench.lib.models import load_bench_model
     from omlx_jobs.worker.engine import EngineConfig
 
     loaded = load_bench_model(args.model, dtype=args.dtype)

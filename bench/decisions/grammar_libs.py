@@ -4,7 +4,8 @@ Measured once to choose the library (issue 12); omlx-jobs ships llguidance only.
 into a scratch folder, never into the project:
 
     pip install --target /tmp/gcand --no-deps xgrammar==0.2.8 apache-tvm-ffi outlines-core==0.2.14
-    PYTHONPATH=/tmp/gcand .venv/bin/python bench/grammar_libs.py --model gguf:$(.venv/bin/omlx-jobs models smollm2-path)
+    PYTHONPATH=/tmp/gcand .venv/bin/python bench/decisions/grammar_libs.py \\
+        --model gguf:$(.venv/bin/omlx-jobs models smollm2-path)
 
 xgrammar's Python package imports torch at the top (for its tensors and kernels) although its C++ core takes
 any DLPack array; torch is not installed here, so an import-only stand-in lets the core run on numpy bitmasks.
@@ -28,11 +29,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ and tests/ as packages
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ and tests/ as packages
 
 import numpy as np
 
-SCHEMAS = json.loads((Path(__file__).parent.parent / "tests/data/schemas/schemas.json").read_text())["schemas"]
+SCHEMAS = json.loads((Path(__file__).resolve().parents[2] / "tests/data/schemas/schemas.json").read_text())["schemas"]
 
 
 def _summary(

@@ -13,9 +13,9 @@ For each workload, side by side in one process on the same loaded model:
 and prints wall-time ratios and prefill tokens computed / trie minimum. EOS is ignored everywhere so every
 path generates the same number of tokens.
 
-    .venv/bin/python bench/prefix.py --quick                      # tiny random model, small workloads
-    .venv/bin/python bench/prefix.py --model gguf:PATH            # e.g. SmolLM2-135M on CPU
-    python3 bench/prefix.py --model random:qwen3-8b --dtype bfloat16   # on a GPU
+    .venv/bin/python bench/engine/prefix.py --quick                      # tiny random model, small workloads
+    .venv/bin/python bench/engine/prefix.py --model gguf:PATH            # e.g. SmolLM2-135M on CPU
+    python3 bench/engine/prefix.py --model random:qwen3-8b --dtype bfloat16   # on a GPU
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import omlx_jobs.worker  # fast BLAS before mlx
-from bench.models import load_bench_model
+from bench.lib.models import load_bench_model
 
 
 @dataclass
