@@ -44,6 +44,24 @@ class EmptyInput(OmlxError, ValueError):
     pass
 
 
+class BadSubmit(OmlxError, ValueError):
+    """An argument of submit itself (not a line) that cannot work; the message says which and what to do."""
+
+
+MAX_MODEL_CHARS = 1024  # the jobs.model column
+
+
+def check_model(model: str) -> str:
+    """The --model string a job runs on, refused if empty, blank, over 1,024 characters or holding control chars."""
+    if not model or not model.strip():
+        raise BadSubmit("--model is empty; give the model the workers serve (the same string as `worker --model`)")
+    if len(model) > MAX_MODEL_CHARS:
+        raise BadSubmit(f"--model is {len(model):,} characters; at most {MAX_MODEL_CHARS:,} are allowed")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in model):
+        raise BadSubmit("--model holds a control character (a newline, a NUL, ...); give the model's name or path")
+    return model
+
+
 class _ChunkWriter:
     """Stores chunks of rows in order. For a database server it does so on a second thread, so parsing the next
     chunk overlaps the server's work on this one (PostgreSQL spends about as long on a COPY as we spend parsing
@@ -110,6 +128,7 @@ def load_job(
     With bad lines and no `skip_invalid`, the job is marked failed with the errors and keeps no requests.
     If loading stops midway (Ctrl-C, a signal, an error), the job is removed again: none is left half-made.
     """
+    check_model(model)
     job_id = job_id or lifecycle.new_job_id()
     name = str(Path(source).resolve()) if isinstance(source, Path) else getattr(source, "name", None)
     # Opened before the job exists: opening a FIFO blocks until a writer comes, and Ctrl-C may come first.
