@@ -157,6 +157,9 @@ def test_accepted_files(case: dict[str, Any], tmp_path: Path, store: Store) -> N
     rows = list(store.iter_requests(result.job_id))
     assert [r.custom_id for r in rows] == case["custom_ids"]
     assert all(r.status == RequestStatus.PENDING for r in rows)
+    for row in rows:  # "stored": what the normalized body must hold (the worker reads only that)
+        want = case.get("stored", {}).get(row.custom_id, {})
+        assert {k: row.body.get(k) for k in want} == want, (row.custom_id, row.body)
 
 
 # ---- run time: only the model can judge ------------------------------------------------------------------
