@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import unquote, urlsplit
 
+from omlx_jobs.jobs import beneath
+
 DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024  # OpenAI's limit per image
 DEFAULT_REMOTE_TIMEOUT = 10.0
 DETAILS = ("auto", "low", "high")
@@ -169,17 +171,30 @@ def confine(path: str, access: ImageAccess) -> Path:
     return real
 
 
-def read_confined(source: FileImage, access: ImageAccess) -> bytes:
-    """Read a confined file, at most `max_bytes`: re-checked and opened without following a swapped-in link."""
+def open_confined(source: FileImage, access: ImageAccess) -> IO[bytes]:
+    """A confined file, open for reading: checked again, then opened beneath its allowed folder's descriptor,
+    so no link swapped in after the check is followed (jobs/beneath.py), and never a FIFO or a device."""
     path = confine(str(source.path), access)
+    folder = max((d for d in access.allowed_dirs if path.is_relative_to(d)), key=lambda d: len(d.parts))
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        fd = beneath.open_beneath(folder, path.relative_to(folder))
+    except beneath.NotAFile:
+        raise ImageSourceError("invalid_image", f"{_short(str(path))} is not a regular file") from None
+    except beneath.EscapeRefused as exc:
+        raise ImageSourceError(
+            "image_path_not_allowed",
+            f"{_short(str(path))} was not opened: {exc.strerror} (inside --allow-files-from folders, links are "
+            "resolved only by the check before, never while opening, and mounts inside them are not crossed)",
+        ) from None
     except OSError as exc:
-        raise ImageSourceError("image_not_found", f"{path} cannot be opened: {exc}") from None
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise ImageSourceError("invalid_image", f"{path} is not a regular file")
-        return read_capped(fh, access.max_bytes, str(path))
+        raise ImageSourceError("image_not_found", f"{_short(str(path))} cannot be opened: {exc.strerror}") from None
+    return os.fdopen(fd, "rb")
+
+
+def read_confined(source: FileImage, access: ImageAccess) -> bytes:
+    """Read a confined file (see open_confined), at most `max_bytes`."""
+    with open_confined(source, access) as fh:
+        return read_capped(fh, access.max_bytes, str(source.path))
 
 
 def read_capped(stream: IO[bytes], max_bytes: int, what: str) -> bytes:
