@@ -23,10 +23,12 @@ from typing import IO
 from urllib.parse import unquote, urlsplit
 
 from omlx_jobs.jobs import beneath
+from omlx_jobs.jobs.remote_hosts import RemoteHosts, literal_address
 
 DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024  # OpenAI's limit per image
 DEFAULT_REMOTE_TIMEOUT = 10.0
 DETAILS = ("auto", "low", "high")
+NO_REMOTE_HOSTS = RemoteHosts()
 # OpenAI's image formats; the worker's decoder opens these and nothing else.
 MEDIA_TYPES = {"image/png": "PNG", "image/jpeg": "JPEG", "image/jpg": "JPEG", "image/webp": "WEBP", "image/gif": "GIF"}
 
@@ -39,6 +41,7 @@ IMAGE_SOURCE_CODES = frozenset(
         "image_not_found",
         "image_path_not_allowed",
         "remote_images_disabled",
+        "image_host_not_allowed",
     }
 )
 
@@ -56,12 +59,16 @@ class ImageSourceError(Exception):
 
 @dataclass(frozen=True)
 class ImageAccess:
-    """Where images may come from: the folders the user allowed, whether remote URLs may be fetched, byte cap."""
+    """Where images may come from: the folders the user allowed, whether remote URLs may be fetched (within one
+    deadline per image, from public addresses and the hosts allowed), and the byte cap."""
 
     allowed_dirs: tuple[Path, ...] = ()
     allow_remote: bool = False
     max_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     remote_timeout: float = DEFAULT_REMOTE_TIMEOUT
+    """Seconds one remote image may take in all: resolving, connecting, redirects and every read."""
+    remote_hosts: RemoteHosts = NO_REMOTE_HOSTS
+    """Hosts and networks a remote image may come from although they are not public (--allow-remote-hosts)."""
 
     @classmethod
     def create(
@@ -71,6 +78,7 @@ class ImageAccess:
         allow_remote: bool = False,
         max_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
         remote_timeout: float = DEFAULT_REMOTE_TIMEOUT,
+        allow_remote_hosts: tuple[str, ...] | list[str] = (),
     ) -> ImageAccess:
         """Resolve each allowed folder once (symlinks too); a folder that does not exist is an error."""
         dirs = []
@@ -81,7 +89,9 @@ class ImageAccess:
             dirs.append(path.resolve())
         if max_bytes < 1 or remote_timeout <= 0:
             raise ValueError("the image byte cap and the remote timeout must be positive")
-        return cls(tuple(dirs), allow_remote, max_bytes, remote_timeout)
+        if allow_remote_hosts and not allow_remote:
+            raise ValueError("--allow-remote-hosts needs --allow-remote-images (it names exceptions to its rules)")
+        return cls(tuple(dirs), allow_remote, max_bytes, remote_timeout, RemoteHosts.parse(allow_remote_hosts))
 
 
 @dataclass(frozen=True)
@@ -119,8 +129,10 @@ def classify(url: str, access: ImageAccess) -> ImageSource:
                 "remote image URLs are off; pass --allow-remote-images to fetch them, or send the image as a "
                 "data: URI or a file under --allow-files-from",
             )
-        if not urlsplit(url).hostname:
+        host = urlsplit(url).hostname
+        if not host:
             raise ImageSourceError("invalid_image_url", f"{_short(url)} has no host name")
+        _check_literal_host(url, host, access)
         return RemoteImage(url)
     if scheme == "file":
         parts = urlsplit(url)
@@ -132,6 +144,19 @@ def classify(url: str, access: ImageAccess) -> ImageSource:
             "invalid_image_url", f"URL scheme {scheme!r} is not supported; use data:, file://, a path, or http(s)"
         )
     return FileImage(confine(url, access))
+
+
+def _check_literal_host(url: str, host: str, access: ImageAccess) -> None:
+    """What can be judged without resolving: an address in the URL itself, or a localhost name."""
+    address = literal_address(host)
+    if address is None and (host == "localhost" or host.endswith(".localhost")):
+        address = literal_address("127.0.0.1")
+    if address is not None and not access.remote_hosts.allows(host, address):
+        raise ImageSourceError(
+            "image_host_not_allowed",
+            f"{_short(url)} names a loopback, private, link-local or reserved address, which remote images may "
+            "not reach; allow it with --allow-remote-hosts (on submit and the worker) if it is meant to be fetched",
+        )
 
 
 def confine(path: str, access: ImageAccess) -> Path:
