@@ -24,6 +24,7 @@ from omlx_jobs.api.auth import Guard
 from omlx_jobs.api.config import ServeConfig
 from omlx_jobs.api.errors import ApiError, BadRequest, NotFound, Unavailable, Unprocessable, server_error
 from omlx_jobs.api.state import AppState, state_of
+from omlx_jobs.api.tenants import tenant_of
 from omlx_jobs.jobs.queue import RedisUnavailable
 from omlx_jobs.store import StoreError
 from omlx_jobs.store.files import INPUT
@@ -70,7 +71,7 @@ async def create_file(request: Request) -> Response:
     upload = await uploads.receive(
         request, cfg.files_dir, max_bytes=cfg.max_upload_bytes, max_lines=cfg.max_upload_lines
     )
-    return JSONResponse(await run_in_threadpool(files.store_upload, state, upload))
+    return JSONResponse(await run_in_threadpool(files.store_upload, state, upload, tenant_of(request)))
 
 
 def list_files(request: Request) -> Response:
@@ -82,21 +83,22 @@ def list_files(request: Request) -> Response:
             limit=_int_param(request, "limit", files.FILES_PAGE_MAX),
             order=q.get("order", "desc"),
             purpose=q.get("purpose"),
+            tenant=tenant_of(request),
         )
     )
 
 
 def retrieve_file(request: Request) -> Response:
-    return JSONResponse(files.retrieve(state_of(request), request.path_params["file_id"]))
+    return JSONResponse(files.retrieve(state_of(request), request.path_params["file_id"], tenant_of(request)))
 
 
 def delete_file(request: Request) -> Response:
-    return JSONResponse(files.delete_file(state_of(request), request.path_params["file_id"]))
+    return JSONResponse(files.delete_file(state_of(request), request.path_params["file_id"], tenant_of(request)))
 
 
 def file_content(request: Request) -> Response:
     state = state_of(request)
-    info = files.get_file(state, request.path_params["file_id"])
+    info = files.get_file(state, request.path_params["file_id"], tenant_of(request))
     headers = {"Content-Disposition": f'attachment; filename="{info.id}.jsonl"'}
     if info.kind == INPUT:
         path = files.path_of(state, info.id)
@@ -111,23 +113,26 @@ def file_content(request: Request) -> Response:
 
 async def create_batch(request: Request) -> Response:
     body = await _json_body(request)
-    return JSONResponse(await run_in_threadpool(batches.create, state_of(request), body))
+    return JSONResponse(await run_in_threadpool(batches.create, state_of(request), body, tenant_of(request)))
 
 
 def list_batches(request: Request) -> Response:
     return JSONResponse(
         batches.list_batches(
-            state_of(request), after=request.query_params.get("after"), limit=_int_param(request, "limit", 20)
+            state_of(request),
+            after=request.query_params.get("after"),
+            limit=_int_param(request, "limit", 20),
+            tenant=tenant_of(request),
         )
     )
 
 
 def retrieve_batch(request: Request) -> Response:
-    return JSONResponse(batches.retrieve(state_of(request), request.path_params["batch_id"]))
+    return JSONResponse(batches.retrieve(state_of(request), request.path_params["batch_id"], tenant_of(request)))
 
 
 def cancel_batch(request: Request) -> Response:
-    return JSONResponse(batches.cancel(state_of(request), request.path_params["batch_id"]))
+    return JSONResponse(batches.cancel(state_of(request), request.path_params["batch_id"], tenant_of(request)))
 
 
 # ---- page, metrics, health ------------------------------------------------------------------------------
@@ -275,6 +280,6 @@ def create_app(config: ServeConfig, *, housekeeping: bool = True) -> Starlette:
     )
     app.state.omlx = state
     app.state.metrics = metrics.registry_for(state)
-    app.add_middleware(Guard, keys=config.api_keys)
+    app.add_middleware(Guard, keys=config.api_keys, admin_keys=config.admin_keys)
     app.add_middleware(_SecurityHeaders)
     return app

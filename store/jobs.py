@@ -33,6 +33,7 @@ class JobInfo:
     failed_at: float | None
     cancelling_at: float | None
     cancelled_at: float | None
+    submit_lease_until: float | None
     prefill_tokens: int
     trie_min_tokens: int
     cache_hits: int
