@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
 from importlib import resources
@@ -21,8 +20,9 @@ from starlette.staticfiles import StaticFiles
 
 from omlx_jobs.api import batches, files, metrics, page, uploads
 from omlx_jobs.api.auth import Guard
+from omlx_jobs.api.bodies import json_body
 from omlx_jobs.api.config import ServeConfig
-from omlx_jobs.api.errors import ApiError, BadRequest, NotFound, Unavailable, Unprocessable, server_error
+from omlx_jobs.api.errors import ApiError, BadRequest, NotFound, Unavailable, clip, server_error
 from omlx_jobs.api.state import AppState, state_of
 from omlx_jobs.api.tenants import tenant_of
 from omlx_jobs.jobs.queue import RedisUnavailable
@@ -49,17 +49,7 @@ def _int_param(request: Request, name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise BadRequest(f"{name} must be an integer, got {raw!r}", param=name) from None
-
-
-async def _json_body(request: Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.body() or b"null")
-    except ValueError as exc:
-        raise Unprocessable(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise Unprocessable("the request body must be a JSON object")
-    return body
+        raise BadRequest(f"{name} must be an integer, got {clip(raw)!r}", param=name) from None
 
 
 # ---- files --------------------------------------------------------------------------------------------
@@ -112,7 +102,7 @@ def file_content(request: Request) -> Response:
 
 
 async def create_batch(request: Request) -> Response:
-    body = await _json_body(request)
+    body = await json_body(request)
     return JSONResponse(await run_in_threadpool(batches.create, state_of(request), body, tenant_of(request)))
 
 
@@ -193,14 +183,14 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
-    return NotFound(f"no route {request.method} {request.url.path}").response()
+    return NotFound(f"no route {request.method} {clip(request.url.path)}").response()
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own refusals (405 and the like) in the same JSON shape as ours."""
     assert isinstance(exc, HTTPException)
-    body = {"error": {"message": f"{exc.detail}: {request.method} {request.url.path}", "type": "invalid_request_error",
-                      "param": None, "code": None}}  # fmt: skip
+    message = f"{exc.detail}: {request.method} {clip(request.url.path)}"
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 

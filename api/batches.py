@@ -202,7 +202,7 @@ def create(state: AppState, body: dict[str, Any], tenant: Tenant = EVERYONE) -> 
         live = served_models(redis)
     except Exception as exc:
         raise Unavailable(f"Redis is unreachable ({exc}); nothing was created. Try again once Redis is up") from exc
-    name, served = resolve_model(scan.get("models") or {}, state.config.models, live)
+    name, served = resolve_model(scan.get("models") or {}, state.config.models, live, scan.get("model_count", 0))
 
     now = state.now()
     job_id = new_id(BATCH_PREFIX)
