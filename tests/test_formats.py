@@ -472,3 +472,12 @@ def test_formats_imports_no_io_libraries() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_stored_tiny_temperature_is_read_as_greedy() -> None:
+    """Rows stored before temperatures under 1e-5 became 0 at submit are read as greedy by the worker too."""
+    from omlx_jobs.jobs.params import SamplingParams
+
+    assert SamplingParams.from_body({"prompt": "x", "temperature": 1e-38}).temperature == 0.0
+    assert SamplingParams.from_body({"prompt": "x", "temperature": 1e-5}).temperature == 1e-5
+    assert SamplingParams.from_body({"prompt": "x"}).temperature == 1.0

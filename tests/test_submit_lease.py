@@ -164,12 +164,3 @@ def test_an_empty_model_is_refused(tmp_path: Path, sqlite_url: str, redis_url: s
         assert store.list_jobs() == []
     finally:
         store.close()
-
-
-def test_a_stored_tiny_temperature_is_read_as_greedy() -> None:
-    """Rows stored before temperatures under 1e-5 became 0 at submit are read as greedy by the worker too."""
-    from omlx_jobs.jobs.params import SamplingParams
-
-    assert SamplingParams.from_body({"prompt": "x", "temperature": 1e-38}).temperature == 0.0
-    assert SamplingParams.from_body({"prompt": "x", "temperature": 1e-5}).temperature == 1e-5
-    assert SamplingParams.from_body({"prompt": "x"}).temperature == 1.0
