@@ -49,6 +49,9 @@ MAX_ATTEMPTS = 10
 # ---- jobs (`submit` options and request parameters) -------------------------------------------------------
 SHARD_TIMEOUT = 24 * 3600
 """Seconds one shard may run (--shard-timeout)."""
+SUBMIT_LEASE = 120.0
+"""Seconds a submit's hold on its job lasts unless renewed (every quarter of it, while it stores the file): a job
+still validating past it lost its submit (killed), and reconcile or `resume` fails it."""
 MAX_TOKENS = 256
 """max_tokens of a request that gives none."""
 REDIS_URL = "redis://127.0.0.1:6379/0"

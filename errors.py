@@ -43,6 +43,7 @@ class ErrorCode(str, Enum):
     IMAGE_NOT_FOUND = "image_not_found"
     IMAGE_PATH_NOT_ALLOWED = "image_path_not_allowed"
     REMOTE_IMAGES_DISABLED = "remote_images_disabled"
+    IMAGE_HOST_NOT_ALLOWED = "image_host_not_allowed"
     # The request cannot run on the worker's model (found at run time): permanent too.
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     INVALID_PROMPT = "invalid_prompt"
@@ -123,6 +124,7 @@ INPUT_ERROR_CODES = frozenset(
         ErrorCode.IMAGE_NOT_FOUND,
         ErrorCode.IMAGE_PATH_NOT_ALLOWED,
         ErrorCode.REMOTE_IMAGES_DISABLED,
+        ErrorCode.IMAGE_HOST_NOT_ALLOWED,
     }
 )
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
 from importlib import resources
@@ -21,9 +20,11 @@ from starlette.staticfiles import StaticFiles
 
 from omlx_jobs.api import batches, files, metrics, page, uploads
 from omlx_jobs.api.auth import Guard
+from omlx_jobs.api.bodies import json_body
 from omlx_jobs.api.config import ServeConfig
-from omlx_jobs.api.errors import ApiError, BadRequest, NotFound, Unavailable, Unprocessable, server_error
+from omlx_jobs.api.errors import ApiError, BadRequest, NotFound, Unavailable, clip, server_error
 from omlx_jobs.api.state import AppState, state_of
+from omlx_jobs.api.tenants import tenant_of
 from omlx_jobs.jobs.queue import RedisUnavailable
 from omlx_jobs.store import StoreError
 from omlx_jobs.store.files import INPUT
@@ -48,17 +49,7 @@ def _int_param(request: Request, name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise BadRequest(f"{name} must be an integer, got {raw!r}", param=name) from None
-
-
-async def _json_body(request: Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.body() or b"null")
-    except ValueError as exc:
-        raise Unprocessable(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise Unprocessable("the request body must be a JSON object")
-    return body
+        raise BadRequest(f"{name} must be an integer, got {clip(raw)!r}", param=name) from None
 
 
 # ---- files --------------------------------------------------------------------------------------------
@@ -70,7 +61,7 @@ async def create_file(request: Request) -> Response:
     upload = await uploads.receive(
         request, cfg.files_dir, max_bytes=cfg.max_upload_bytes, max_lines=cfg.max_upload_lines
     )
-    return JSONResponse(await run_in_threadpool(files.store_upload, state, upload))
+    return JSONResponse(await run_in_threadpool(files.store_upload, state, upload, tenant_of(request)))
 
 
 def list_files(request: Request) -> Response:
@@ -82,21 +73,22 @@ def list_files(request: Request) -> Response:
             limit=_int_param(request, "limit", files.FILES_PAGE_MAX),
             order=q.get("order", "desc"),
             purpose=q.get("purpose"),
+            tenant=tenant_of(request),
         )
     )
 
 
 def retrieve_file(request: Request) -> Response:
-    return JSONResponse(files.retrieve(state_of(request), request.path_params["file_id"]))
+    return JSONResponse(files.retrieve(state_of(request), request.path_params["file_id"], tenant_of(request)))
 
 
 def delete_file(request: Request) -> Response:
-    return JSONResponse(files.delete_file(state_of(request), request.path_params["file_id"]))
+    return JSONResponse(files.delete_file(state_of(request), request.path_params["file_id"], tenant_of(request)))
 
 
 def file_content(request: Request) -> Response:
     state = state_of(request)
-    info = files.get_file(state, request.path_params["file_id"])
+    info = files.get_file(state, request.path_params["file_id"], tenant_of(request))
     headers = {"Content-Disposition": f'attachment; filename="{info.id}.jsonl"'}
     if info.kind == INPUT:
         path = files.path_of(state, info.id)
@@ -110,24 +102,27 @@ def file_content(request: Request) -> Response:
 
 
 async def create_batch(request: Request) -> Response:
-    body = await _json_body(request)
-    return JSONResponse(await run_in_threadpool(batches.create, state_of(request), body))
+    body = await json_body(request)
+    return JSONResponse(await run_in_threadpool(batches.create, state_of(request), body, tenant_of(request)))
 
 
 def list_batches(request: Request) -> Response:
     return JSONResponse(
         batches.list_batches(
-            state_of(request), after=request.query_params.get("after"), limit=_int_param(request, "limit", 20)
+            state_of(request),
+            after=request.query_params.get("after"),
+            limit=_int_param(request, "limit", 20),
+            tenant=tenant_of(request),
         )
     )
 
 
 def retrieve_batch(request: Request) -> Response:
-    return JSONResponse(batches.retrieve(state_of(request), request.path_params["batch_id"]))
+    return JSONResponse(batches.retrieve(state_of(request), request.path_params["batch_id"], tenant_of(request)))
 
 
 def cancel_batch(request: Request) -> Response:
-    return JSONResponse(batches.cancel(state_of(request), request.path_params["batch_id"]))
+    return JSONResponse(batches.cancel(state_of(request), request.path_params["batch_id"], tenant_of(request)))
 
 
 # ---- page, metrics, health ------------------------------------------------------------------------------
@@ -188,14 +183,14 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
-    return NotFound(f"no route {request.method} {request.url.path}").response()
+    return NotFound(f"no route {request.method} {clip(request.url.path)}").response()
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own refusals (405 and the like) in the same JSON shape as ours."""
     assert isinstance(exc, HTTPException)
-    body = {"error": {"message": f"{exc.detail}: {request.method} {request.url.path}", "type": "invalid_request_error",
-                      "param": None, "code": None}}  # fmt: skip
+    message = f"{exc.detail}: {request.method} {clip(request.url.path)}"
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
@@ -275,6 +270,6 @@ def create_app(config: ServeConfig, *, housekeeping: bool = True) -> Starlette:
     )
     app.state.omlx = state
     app.state.metrics = metrics.registry_for(state)
-    app.add_middleware(Guard, keys=config.api_keys)
+    app.add_middleware(Guard, keys=config.api_keys, admin_keys=config.admin_keys)
     app.add_middleware(_SecurityHeaders)
     return app

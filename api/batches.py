@@ -8,10 +8,11 @@ from typing import Any
 
 from omlx_jobs.api import files as files_api
 from omlx_jobs.api.config import COMPLETION_WINDOWS
-from omlx_jobs.api.errors import BadRequest, NotFound, Unavailable
+from omlx_jobs.api.errors import BadRequest, NotFound, Unavailable, clip
 from omlx_jobs.api.ids import BATCH_PREFIX, is_job_id, new_id
 from omlx_jobs.api.models import resolve_model
 from omlx_jobs.api.state import AppState
+from omlx_jobs.api.tenants import EVERYONE, Tenant
 from omlx_jobs.api.workers import served_models
 from omlx_jobs.jobs import actions, lifecycle
 from omlx_jobs.jobs.formats import ENDPOINTS
@@ -84,16 +85,17 @@ def batch_object(batch: BatchInfo, job: JobInfo, counts: JobCounts) -> dict[str,
     }
 
 
-def _load(state: AppState, batch_id: str) -> BatchInfo:
+def _load(state: AppState, batch_id: str, tenant: Tenant) -> BatchInfo:
+    """The batch, if it exists for `tenant`: another key's batch is a 404, as if it were absent."""
     batch = state.batches.get(batch_id) if is_job_id(batch_id) else None
-    if batch is None:
-        raise NotFound(f"no batch {batch_id!r}: list batches with GET /v1/batches", param="batch_id")
+    if batch is None or not tenant.sees(batch.owner):
+        raise NotFound(f"no batch {clip(batch_id)!r}: list batches with GET /v1/batches", param="batch_id")
     return batch
 
 
-def retrieve(state: AppState, batch_id: str) -> dict[str, Any]:
+def retrieve(state: AppState, batch_id: str, tenant: Tenant = EVERYONE) -> dict[str, Any]:
     """The Batch object, after expiring it if its window has passed and setting its files if it has ended."""
-    batch = _load(state, batch_id)
+    batch = _load(state, batch_id, tenant)
     if batch.finalized_at is None:
         if batch.expires_at <= state.now():
             expire(state, batch.job_id)
@@ -110,11 +112,14 @@ def settle(state: AppState, job_id: str) -> None:
         lifecycle.finalize_if_done(state.store, job_id)
 
 
-def list_batches(state: AppState, *, after: str | None, limit: int) -> dict[str, Any]:
+def list_batches(state: AppState, *, after: str | None, limit: int, tenant: Tenant = EVERYONE) -> dict[str, Any]:
+    """A page of `tenant`'s batches, newest first. `after` must be a batch id (it need not exist any more)."""
     if not 1 <= limit <= BATCHES_PAGE_MAX:
         raise BadRequest(f"limit must be between 1 and {BATCHES_PAGE_MAX}, got {limit}", param="limit")
-    rows = state.batches.page(after=after, limit=limit + 1)
-    data = [retrieve(state, b.job_id) for b in rows[:limit]]
+    if after is not None and not is_job_id(after):
+        raise BadRequest(f"after must be a batch id, got {clip(after)!r}", param="after")
+    rows = state.batches.page(after=after, limit=limit + 1, owner=tenant.scope)
+    data = [retrieve(state, b.job_id, tenant) for b in rows[:limit]]
     return files_api.page_object(data, has_more=len(rows) > limit)
 
 
@@ -129,8 +134,8 @@ def _metadata(value: Any) -> dict[str, str] | None:
     for k, v in value.items():
         if not isinstance(v, str) or len(k) > MAX_METADATA_KEY or len(v) > MAX_METADATA_VALUE:
             raise BadRequest(
-                f"metadata[{k!r}]: keys are strings of at most {MAX_METADATA_KEY} characters and values strings of "
-                f"at most {MAX_METADATA_VALUE}",
+                f"metadata[{clip(k, 64)!r}]: keys are strings of at most {MAX_METADATA_KEY} characters and "
+                f"values strings of at most {MAX_METADATA_VALUE}",
                 param="metadata",
             )
     return dict(value)
@@ -145,7 +150,7 @@ def _required_str(body: dict[str, Any], name: str) -> str:
     return value
 
 
-def create(state: AppState, body: dict[str, Any]) -> dict[str, Any]:
+def create(state: AppState, body: dict[str, Any], tenant: Tenant = EVERYONE) -> dict[str, Any]:
     """Validate the request and the file's lines, create the job and queue its shards. Runs in a thread.
 
     A file with bad lines gives a batch that is `failed` with errors.data[].line, as OpenAI's does; a model
@@ -153,15 +158,18 @@ def create(state: AppState, body: dict[str, Any]) -> dict[str, Any]:
     """
     unknown = sorted(set(body) - {"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"})
     if unknown:
-        raise BadRequest(f"unknown parameter {unknown[0]!r}", param=unknown[0], code="unknown_parameter")
+        name = clip(unknown[0], 64)
+        raise BadRequest(f"unknown parameter {name!r}", param=name, code="unknown_parameter")
     file_id = _required_str(body, "input_file_id")
     endpoint = _required_str(body, "endpoint")
     window = _required_str(body, "completion_window")
     if endpoint not in ENDPOINTS:
-        raise BadRequest(f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}", param="endpoint")
+        raise BadRequest(
+            f"endpoint {clip(endpoint)!r} is not supported; use one of {', '.join(ENDPOINTS)}", param="endpoint"
+        )
     if window not in COMPLETION_WINDOWS:
         raise BadRequest(
-            f"completion_window must be one of {', '.join(COMPLETION_WINDOWS)}, got {window!r}",
+            f"completion_window must be one of {', '.join(COMPLETION_WINDOWS)}, got {clip(window)!r}",
             param="completion_window",
         )
     meta = _metadata(body.get("metadata"))
@@ -174,7 +182,7 @@ def create(state: AppState, body: dict[str, Any]) -> dict[str, Any]:
             )
         out_ttl = files_api.ttl_seconds(oea.get("anchor"), oea.get("seconds"), "output_expires_after")
 
-    info = files_api.get_file(state, file_id)
+    info = files_api.get_file(state, file_id, tenant)
     if info.kind != INPUT or info.purpose != files_api.BATCH:
         raise BadRequest(
             f"file {file_id} has purpose {info.purpose!r}; a batch needs a purpose=batch file", param="input_file_id"
@@ -183,8 +191,8 @@ def create(state: AppState, body: dict[str, Any]) -> dict[str, Any]:
     for url, line in (scan.get("urls") or {}).items():
         if url != endpoint:
             raise BadRequest(
-                f"line {line} of {file_id} has url {url!r} but the batch's endpoint is {endpoint!r}; every line's url "
-                "must be the batch's endpoint",
+                f"line {line} of {file_id} has url {clip(url)!r} but the batch's endpoint is {endpoint!r}; every "
+                "line's url must be the batch's endpoint",
                 param="endpoint",
                 code="endpoint_mismatch",
             )
@@ -194,7 +202,7 @@ def create(state: AppState, body: dict[str, Any]) -> dict[str, Any]:
         live = served_models(redis)
     except Exception as exc:
         raise Unavailable(f"Redis is unreachable ({exc}); nothing was created. Try again once Redis is up") from exc
-    name, served = resolve_model(scan.get("models") or {}, state.config.models, live)
+    name, served = resolve_model(scan.get("models") or {}, state.config.models, live, scan.get("model_count", 0))
 
     now = state.now()
     job_id = new_id(BATCH_PREFIX)
@@ -223,8 +231,9 @@ def create(state: AppState, body: dict[str, Any]) -> dict[str, Any]:
                 created_at=now,
                 expires_at=now + COMPLETION_WINDOWS[window],
                 output_expires_after=out_ttl,
+                owner=tenant.owner,
             )
-    return retrieve(state, job_id)
+    return retrieve(state, job_id, tenant)
 
 
 def _fail_job(state: AppState, job_id: str, message: str) -> None:
@@ -238,10 +247,10 @@ def _fail_job(state: AppState, job_id: str, message: str) -> None:
 # ---- cancel, expire, finalize -------------------------------------------------------------------------
 
 
-def cancel(state: AppState, batch_id: str) -> dict[str, Any]:
+def cancel(state: AppState, batch_id: str, tenant: Tenant = EVERYONE) -> dict[str, Any]:
     """Cancel: queued shards dropped, running ones stop, finished results kept. A 400 once the batch has ended
     (not a 409, which OpenAI's client retries)."""
-    batch = _load(state, batch_id)
+    batch = _load(state, batch_id, tenant)
     job = state.store.get_job(batch.job_id)
     if job.status in lifecycle.TERMINAL:
         raise BadRequest(
@@ -255,7 +264,7 @@ def cancel(state: AppState, batch_id: str) -> dict[str, Any]:
     except Exception:
         redis = None  # cancel in the store; running shards see it within a second
     actions.cancel(state.store, redis, batch.job_id)
-    return retrieve(state, batch_id)
+    return retrieve(state, batch_id, tenant)
 
 
 def expire(state: AppState, job_id: str) -> bool:
@@ -304,6 +313,7 @@ def finalize(state: AppState, job_id: str) -> BatchInfo | None:
                 job_id=job_id,
                 created_at=now,
                 expires_at=now + ttl if ttl else None,
+                owner=batch.owner,  # the batch's tenant owns its output and error files
             )
             ids[kind] = f.id
     state.batches.finalize(job_id, ids[OUTPUT], ids[ERRORS], now)

@@ -16,6 +16,7 @@ DEFAULT_FILE_TTL = 30 * 24 * 3600
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 """The only window OpenAI accepts, and so the only one the API accepts."""
 API_KEYS_ENV = "OMLX_JOBS_API_KEYS"
+ADMIN_API_KEYS_ENV = "OMLX_JOBS_ADMIN_API_KEYS"
 
 
 class ConfigError(ValueError):
@@ -30,6 +31,9 @@ class ServeConfig:
     redis_url: str
     files_dir: Path
     api_keys: tuple[str, ...] = ()
+    """Tenant keys: each sees only the files and batches it created (api/tenants.py)."""
+    admin_keys: tuple[str, ...] = ()
+    """Keys that see and act on every tenant's objects."""
     models: dict[str, str] = field(default_factory=dict)
     """Model names (or aliases) a batch may name in body.model -> the model string workers serve."""
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
@@ -51,9 +55,12 @@ class ServeConfig:
                 raise ConfigError(f"--model {name}={ref}: give NAME=MODEL or MODEL")
 
 
-def parse_api_keys(cli_keys: tuple[str, ...] | list[str], env: str | None = None) -> tuple[str, ...]:
-    """Keys from --api-key (repeatable) and OMLX_JOBS_API_KEYS (comma-separated); blanks dropped."""
-    env = os.environ.get(API_KEYS_ENV, "") if env is None else env
+def parse_api_keys(
+    cli_keys: tuple[str, ...] | list[str], env: str | None = None, *, env_name: str = API_KEYS_ENV
+) -> tuple[str, ...]:
+    """Keys from --api-key (repeatable) and OMLX_JOBS_API_KEYS (comma-separated); blanks dropped. With
+    env_name=ADMIN_API_KEYS_ENV, the same for --admin-api-key."""
+    env = os.environ.get(env_name, "") if env is None else env
     keys = [k.strip() for k in (*cli_keys, *env.split(",")) if k and k.strip()]
     for key in keys:
         if len(key) < 8:

@@ -6,6 +6,14 @@ from typing import Any, ClassVar
 
 from starlette.responses import JSONResponse
 
+MAX_ECHO_CHARS = 200
+
+
+def clip(value: object, limit: int = MAX_ECHO_CHARS) -> str:
+    """A value a client sent, cut short for an error message: a 10 MB id must not come back as a 10 MB 404."""
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
 
 class ApiError(Exception):
     """An error the client can act on; `message` says what was wrong and what to do."""
@@ -47,6 +55,13 @@ class NotFound(ApiError):
 
 class TooLarge(ApiError):
     status = 413
+
+
+class InsufficientStorage(ApiError):
+    """The server's disk is full: nothing was stored; try again once space is freed."""
+
+    status = 507
+    type = "server_error"
 
 
 class Unprocessable(ApiError):

@@ -5,14 +5,16 @@ the store's request rows, in input order (jobs/output.py)."""
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from omlx_jobs.api.errors import BadRequest, NotFound
+from omlx_jobs.api.errors import BadRequest, NotFound, clip
 from omlx_jobs.api.ids import FILE_PREFIX, is_file_id, new_id
 from omlx_jobs.api.models import scan_file
 from omlx_jobs.api.state import AppState
+from omlx_jobs.api.tenants import EVERYONE, Tenant
 from omlx_jobs.api.uploads import Upload
 from omlx_jobs.jobs.output import OUTPUT_COLUMNS, output_lines
 from omlx_jobs.store import RequestStatus
@@ -25,12 +27,13 @@ CHUNK_BYTES = 256 * 1024
 """Output content goes out in chunks of about this size (many lines each: one thread hop per chunk)."""
 FILES_PAGE_MAX = 10_000
 ERROR_STATUSES = (RequestStatus.FAILED, RequestStatus.CANCELLED)
+PURPOSE = re.compile(r"[a-z_-]{1,32}")
 
 
 def path_of(state: AppState, file_id: str) -> Path:
     """Where an input file's bytes live: only ever a checked id under the server's own folder."""
     if not is_file_id(file_id):
-        raise NotFound(f"no file {file_id!r}", param="file_id")
+        raise NotFound(f"no file {clip(file_id)!r}", param="file_id")
     return state.config.files_dir / f"{file_id}.jsonl"
 
 
@@ -53,11 +56,13 @@ def ttl_seconds(anchor: str | None, seconds: str | int | None, where: str) -> in
     if anchor is None and seconds is None:
         return None
     if anchor != "created_at":
-        raise BadRequest(f"{where}[anchor] must be 'created_at', got {anchor!r}", param=f"{where}[anchor]")
+        raise BadRequest(f"{where}[anchor] must be 'created_at', got {clip(anchor)!r}", param=f"{where}[anchor]")
     try:
         value = int(seconds)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise BadRequest(f"{where}[seconds] must be an integer, got {seconds!r}", param=f"{where}[seconds]") from None
+        raise BadRequest(
+            f"{where}[seconds] must be an integer, got {clip(seconds)!r}", param=f"{where}[seconds]"
+        ) from None
     if not MIN_TTL <= value <= MAX_TTL:
         raise BadRequest(
             f"{where}[seconds] must be between {MIN_TTL} (1 hour) and {MAX_TTL} (30 days), got {value}",
@@ -66,15 +71,16 @@ def ttl_seconds(anchor: str | None, seconds: str | int | None, where: str) -> in
     return value
 
 
-def store_upload(state: AppState, upload: Upload) -> dict[str, Any]:
-    """Check a received upload's fields, scan its lines, move it into place and record it. Runs in a thread."""
+def store_upload(state: AppState, upload: Upload, tenant: Tenant = EVERYONE) -> dict[str, Any]:
+    """Check a received upload's fields, scan its lines, move it into place and record it as `tenant`'s.
+    Runs in a thread."""
     try:
         purpose = upload.fields.get("purpose")
         if purpose is None:
             raise BadRequest("the form field 'purpose' is missing; use purpose=batch", param="purpose")
         if purpose != BATCH:
             raise BadRequest(
-                f"purpose {purpose!r} is not supported here; this server takes batch input files: purpose=batch",
+                f"purpose {clip(purpose)!r} is not supported here; this server takes batch input files: purpose=batch",
                 param="purpose",
                 code="unsupported_purpose",
             )
@@ -102,19 +108,21 @@ def store_upload(state: AppState, upload: Upload) -> dict[str, Any]:
         created_at=now,
         expires_at=now + (ttl if ttl is not None else state.config.default_file_ttl),
         scan=scan.to_dict(),
+        owner=tenant.owner,
     )
     return file_object(info)
 
 
-def get_file(state: AppState, file_id: str) -> FileInfo:
+def get_file(state: AppState, file_id: str, tenant: Tenant = EVERYONE) -> FileInfo:
+    """The file, if it exists for `tenant`: another key's file is a 404, as if it were absent."""
     info = state.files.get(file_id) if is_file_id(file_id) else None
-    if info is None:
-        raise NotFound(f"no file {file_id!r}: it never existed, or it was deleted or expired", param="file_id")
+    if info is None or not tenant.sees(info.owner):
+        raise NotFound(f"no file {clip(file_id)!r}: it never existed, or it was deleted or expired", param="file_id")
     return info
 
 
-def retrieve(state: AppState, file_id: str) -> dict[str, Any]:
-    info = get_file(state, file_id)
+def retrieve(state: AppState, file_id: str, tenant: Tenant = EVERYONE) -> dict[str, Any]:
+    info = get_file(state, file_id, tenant)
     if info.bytes is None:  # an output file not downloaded yet: measure it once
         size = sum(len(chunk) for chunk in job_file_chunks(state, info))
         state.files.set_bytes(info.id, size)
@@ -122,12 +130,27 @@ def retrieve(state: AppState, file_id: str) -> dict[str, Any]:
     return file_object(info)
 
 
-def list_files(state: AppState, *, after: str | None, limit: int, order: str, purpose: str | None) -> dict[str, Any]:
+def list_files(
+    state: AppState,
+    *,
+    after: str | None,
+    limit: int,
+    order: str,
+    purpose: str | None,
+    tenant: Tenant = EVERYONE,
+) -> dict[str, Any]:
+    """A page of `tenant`'s files. `after` must be a file id (it need not exist any more)."""
     if order not in ("asc", "desc"):
-        raise BadRequest(f"order must be 'asc' or 'desc', got {order!r}", param="order")
+        raise BadRequest(f"order must be 'asc' or 'desc', got {clip(order)!r}", param="order")
     if not 1 <= limit <= FILES_PAGE_MAX:
         raise BadRequest(f"limit must be between 1 and {FILES_PAGE_MAX}, got {limit}", param="limit")
-    rows = state.files.page(after=after, limit=limit + 1, descending=order == "desc", purpose=purpose)
+    if after is not None and not is_file_id(after):
+        raise BadRequest(f"after must be a file id (file-...), got {clip(after)!r}", param="after")
+    if purpose is not None and not PURPOSE.fullmatch(purpose):
+        raise BadRequest(f"purpose must be a purpose name like batch, got {clip(purpose)!r}", param="purpose")
+    rows = state.files.page(
+        after=after, limit=limit + 1, descending=order == "desc", purpose=purpose, owner=tenant.scope
+    )
     data = [file_object(f) for f in rows[:limit]]
     return page_object(data, has_more=len(rows) > limit)
 
@@ -142,8 +165,8 @@ def page_object(data: list[dict[str, Any]], *, has_more: bool) -> dict[str, Any]
     }
 
 
-def delete_file(state: AppState, file_id: str) -> dict[str, Any]:
-    info = get_file(state, file_id)
+def delete_file(state: AppState, file_id: str, tenant: Tenant = EVERYONE) -> dict[str, Any]:
+    info = get_file(state, file_id, tenant)
     state.files.delete(info.id)
     if info.kind == INPUT:
         with contextlib.suppress(FileNotFoundError):

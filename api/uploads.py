@@ -7,6 +7,7 @@ Text fields are small and capped; there is one file part, named `file`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import secrets
@@ -18,14 +19,19 @@ from typing import Any
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 
-from omlx_jobs.api.errors import BadRequest, TooLarge, Unprocessable
+from omlx_jobs.api.errors import BadRequest, InsufficientStorage, TooLarge, Unprocessable, clip
+from omlx_jobs.jobs.lines import MAX_LINE_BYTES
 
 MAX_FIELD_BYTES = 4096
 MAX_FIELDS = 16
+MAX_HEADER_BYTES = 8192
+"""A part's header name or value; more is a malformed (or hostile) body."""
+MAX_BOUNDARY_CHARS = 70
+"""RFC 2046's limit (python-multipart refuses more than 256 with an exception of its own)."""
 MULTIPART_SLACK = 64 * 1024
 """Headers and boundaries around the file's bytes, allowed on top of the byte cap in Content-Length."""
 DRAIN_LIMIT = 256 * 1024**2
-"""At most this much of a refused upload is read and dropped before the 413 (see _drain)."""
+"""At most this much of a refused upload is read and dropped before the 413 (see drain)."""
 _UNSAFE_NAME = re.compile(r"[\x00-\x1f\x7f/\\]")
 
 
@@ -38,6 +44,8 @@ class Upload:
     bytes: int = 0
     newlines: int = 0
     last_byte: bytes = b""
+    line_bytes: int = 0
+    """Bytes of the line being received so far (a line is capped as submit caps it)."""
 
     @property
     def lines(self) -> int:
@@ -74,9 +82,11 @@ class _Receiver:
 
     def on_header_field(self, data: bytes, start: int, end: int) -> None:
         self._header_name += data[start:end]
+        _check_header(self._header_name)
 
     def on_header_value(self, data: bytes, start: int, end: int) -> None:
         self._header_value += data[start:end]
+        _check_header(self._header_value)
 
     def on_header_end(self) -> None:
         if self._header_name.lower() == b"content-disposition":
@@ -116,6 +126,7 @@ class _Receiver:
                 param="file",
                 code="file_too_large",
             )
+        check_line_lengths(up, chunk)
         up.newlines += chunk.count(b"\n")
         if up.newlines > self.max_lines:
             raise TooLarge(
@@ -147,14 +158,45 @@ class _Receiver:
             self._fh = None
 
 
+def _check_header(value: bytes) -> None:
+    if len(value) > MAX_HEADER_BYTES:
+        raise Unprocessable(f"a multipart part header is longer than {MAX_HEADER_BYTES:,} bytes")
+
+
+def check_line_lengths(up: Upload, chunk: bytes) -> None:
+    """TooLarge (line_too_long) when a line of the upload passes submit's 1 MiB per line; `up.line_bytes`
+    carries the open line from chunk to chunk (a line ending in \r\n may have one byte more)."""
+    limit = MAX_LINE_BYTES + 1
+    if up.line_bytes + len(chunk) <= limit:  # no line in this chunk can be too long
+        last = chunk.rfind(b"\n")
+        up.line_bytes = up.line_bytes + len(chunk) if last < 0 else len(chunk) - last - 1
+        return
+    start, line = 0, up.newlines + 1  # the number of the open line
+    while True:
+        nl = chunk.find(b"\n", start)
+        if up.line_bytes + (nl if nl >= 0 else len(chunk)) - start > limit:
+            raise TooLarge(
+                f"line {line} of the file is over {MAX_LINE_BYTES:,} bytes, the limit of one line (as `submit` "
+                "has); put large images in files or URLs rather than data: URIs, or shorten the line",
+                param="file",
+                code="line_too_long",
+            )
+        if nl < 0:
+            up.line_bytes += len(chunk) - start
+            return
+        up.line_bytes, start, line = 0, nl + 1, line + 1
+
+
 async def receive(request: Request, folder: Path, *, max_bytes: int, max_lines: int) -> Upload:
     """Parse a multipart/form-data request body as it arrives; the file part goes to disk under `folder`."""
     ctype, params = parse_options_header(request.headers.get("content-type", ""))
     if ctype != b"multipart/form-data" or b"boundary" not in params:
         raise Unprocessable("upload a file as multipart/form-data with the fields 'file' and 'purpose'")
+    if not 1 <= len(params[b"boundary"]) <= MAX_BOUNDARY_CHARS:
+        raise Unprocessable(f"the multipart boundary must be 1 to {MAX_BOUNDARY_CHARS} characters (RFC 2046)")
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > max_bytes + MULTIPART_SLACK:
-        await _drain(request.stream(), max_bytes)
+        await drain(request.stream(), max_bytes)
         raise TooLarge(
             f"the upload is {int(length):,} bytes; this server takes files up to {max_bytes:,} bytes. "
             "Split it into several batches (or raise `serve --max-upload-bytes`)",
@@ -185,15 +227,22 @@ async def receive(request: Request, folder: Path, *, max_bytes: int, max_lines: 
         receiver.close()
         upload.discard()
         if isinstance(exc, TooLarge):
-            await _drain(stream, max_bytes)
+            await drain(stream, max_bytes)
         if isinstance(exc, (BadRequest, TooLarge, Unprocessable)):
             raise
-        raise Unprocessable(f"the multipart body could not be read: {exc}") from exc
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise InsufficientStorage(
+                "the server's disk is full (its --files-dir): nothing was stored; free space there and upload again",
+                code="insufficient_storage",
+            ) from exc
+        if isinstance(exc, OSError):
+            raise
+        raise Unprocessable(f"the multipart body could not be read: {clip(str(exc))}") from exc
     receiver.close()
     return upload
 
 
-async def _drain(stream: AsyncIterator[bytes], max_bytes: int) -> None:
+async def drain(stream: AsyncIterator[bytes], max_bytes: int) -> None:
     """Read and drop the rest of a refused body (up to a bound), so the client gets to read the 413.
 
     A server that answers before the body is read closes the connection, and a client still sending sees a

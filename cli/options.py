@@ -72,6 +72,14 @@ def image_options(fn: Any) -> Any:
             is_flag=True,
             help="Images in messages may be http(s) URLs (fetched by the worker, 10 s timeout, 20 MB cap).",
         ),
+        click.option(
+            "--allow-remote-hosts",
+            "allow_remote_hosts",
+            multiple=True,
+            metavar="HOST|CIDR",
+            help="With --allow-remote-images: a host name, address or network (repeatable) that images may come "
+            "from although it is loopback, private or otherwise internal (refused by default).",
+        ),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -84,6 +92,6 @@ def image_access(kw: dict[str, Any]) -> Any:
 
     dirs, remote = kw.pop("allow_files_from", ()), kw.pop("allow_remote_images", False)
     try:
-        return ImageAccess.create(dirs, allow_remote=remote)
+        return ImageAccess.create(dirs, allow_remote=remote, allow_remote_hosts=kw.pop("allow_remote_hosts", ()))
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None

@@ -22,7 +22,16 @@ from omlx_jobs.jobs.sharding import DEFAULT_SHARD_SIZE
     multiple=True,
     metavar="KEY",
     help="A bearer key clients must send (repeatable). Env: OMLX_JOBS_API_KEYS (comma-separated). "
-    "Without any, the server answers only on loopback.",
+    "Without any, the server answers only on loopback. Keys are tenants: each sees only the files and batches "
+    "it created (another key's answer 404).",
+)
+@click.option(
+    "--admin-api-key",
+    "admin_api_keys",
+    multiple=True,
+    metavar="KEY",
+    help="A key that sees and acts on every key's files and batches (repeatable). "
+    "Env: OMLX_JOBS_ADMIN_API_KEYS (comma-separated).",
 )
 @click.option(
     "--model",
@@ -64,6 +73,7 @@ def serve(
     host: str,
     port: int,
     api_keys: tuple[str, ...],
+    admin_api_keys: tuple[str, ...],
     models: tuple[str, ...],
     files_dir: Path | None,
     max_upload_bytes: int | None,
@@ -81,7 +91,7 @@ def serve(
         import uvicorn
 
         from omlx_jobs.api import ServeConfig, create_app
-        from omlx_jobs.api.config import ConfigError, check_listen, parse_api_keys, parse_models
+        from omlx_jobs.api.config import ADMIN_API_KEYS_ENV, ConfigError, check_listen, parse_api_keys, parse_models
     except ImportError as exc:
         fail(f"the server needs its extra ({exc.name} is missing): pip install 'omlx-jobs[serve]'")
         return
@@ -91,13 +101,15 @@ def serve(
 
     try:
         keys = parse_api_keys(api_keys)
-        check_listen(host, keys)
+        admin = parse_api_keys(admin_api_keys, env_name=ADMIN_API_KEYS_ENV)
+        check_listen(host, keys + admin)
         url = db if db and "://" in db else default_database_url(db)
         config = ServeConfig(
             db_url=url,
             redis_url=resolve_redis_url(redis_url),
             files_dir=files_dir or data_dir() / "files",
             api_keys=keys,
+            admin_keys=admin,
             models=parse_models(models),
             max_upload_bytes=max_upload_bytes or 512 * 1024**2,
             max_upload_lines=max_upload_lines,
@@ -107,6 +119,6 @@ def serve(
     except (ConfigError, StoreError) as exc:
         fail(str(exc))
         return
-    auth = f"{len(keys)} API key(s)" if keys else "no API key (loopback only)"
+    auth = f"{len(keys)} API key(s), {len(admin)} admin" if keys or admin else "no API key (loopback only)"
     click.echo(f"serving on http://{host}:{port} ({auth}); the page is at /, the API at /v1", err=True)
     uvicorn.run(app, host=host, port=port, log_level="info", proxy_headers=False, server_header=False)

@@ -11,10 +11,12 @@ from pathlib import Path
 
 from redis import Redis
 
+from omlx_jobs import defaults
 from omlx_jobs.errors import SERVER_ERROR_CODES
 from omlx_jobs.jobs import lifecycle
 from omlx_jobs.jobs.formats import NO_FILES
 from omlx_jobs.jobs.images import ImageAccess
+from omlx_jobs.jobs.lease import fail_interrupted
 from omlx_jobs.jobs.queue import (
     DEFAULT_SHARD_TIMEOUT,
     RedisUnavailable,
@@ -24,7 +26,7 @@ from omlx_jobs.jobs.queue import (
     queue_name,
     with_priority,
 )
-from omlx_jobs.jobs.submit import LoadResult, load_job
+from omlx_jobs.jobs.submit import LoadResult, check_model, load_job
 from omlx_jobs.store import Store
 from omlx_jobs.store.db import JobInfo
 from omlx_jobs.store.shards import ShardInfo
@@ -56,10 +58,12 @@ def submit(
     on_progress: Callable[[int], None] | None = None,
     images: ImageAccess = NO_FILES,
     job_id: str | None = None,
+    lease_seconds: float = defaults.SUBMIT_LEASE,
 ) -> Submitted:
     """Validate and store the file in prefix order, cut it into shards and enqueue them on the queue of
     `priority`. Redis is checked first, so a down Redis leaves no job behind; if it fails midway, the job
     stays 'validating' and `resume` enqueues it."""
+    check_model(model)
     qname = with_priority(queue, priority) if queue else queue_name(model, priority)
     try:
         redis.ping()
@@ -78,6 +82,7 @@ def submit(
         on_progress=on_progress,
         images=images,
         job_id=job_id,
+        lease_seconds=lease_seconds,
     )
     if loaded.rejected:
         return Submitted(loaded, qname, [])
@@ -118,7 +123,11 @@ def resume(store: Store, redis: Redis, job_id: str) -> list[str]:
     """
     job = store.get_job(job_id)
     if job.status in lifecycle.TERMINAL:
+        if job.status == lifecycle.FAILED and job.total == 0 and job.errors:  # rejected, or its submit died
+            raise ValueError(f"job {job_id} failed at submit: {job.errors[0].get('message')}; nothing to resume")
         raise ValueError(f"job {job_id} is {job.status}; use `omlx-jobs retry` to run failed requests again")
+    if job.status == lifecycle.VALIDATING and job.total == 0:
+        _refuse_unstored(store, job)
     if job.total == 0:
         raise ValueError(f"job {job_id} has no requests to run")
     live = job_shards_in_redis(redis, job)
@@ -128,6 +137,23 @@ def resume(store: Store, redis: Redis, job_id: str) -> list[str]:
             f"Wait for it (`omlx-jobs status {job_id}`), or cancel it first"
         )
     return enqueue(store, redis, job_id, suffix=f"-r{uuid.uuid4().hex[:8]}")
+
+
+def _refuse_unstored(store: Store, job: JobInfo) -> None:
+    """A validating job whose file was never stored whole: its submit is still at work, or it died."""
+    now = time.time()
+    if job.submit_lease_until is not None and job.submit_lease_until >= now:
+        raise JobBusy(
+            f"job {job.id} is still being submitted: its submit holds it for {job.submit_lease_until - now:.0f} s "
+            f"more and renews that while it stores the file. Wait for it (`omlx-jobs status {job.id}`)"
+        )
+    stored = fail_interrupted(store, job.id, now)
+    if stored is None:  # it changed meanwhile: say what it is now
+        raise ValueError(f"job {job.id} is {store.get_job(job.id).status} now; run `omlx-jobs status {job.id}`")
+    raise ValueError(
+        f"job {job.id}'s submit stopped before the whole file was stored ({stored} request(s) stored, none "
+        "queued): it was killed, or lost its machine or the store. The job is now failed; submit the file again"
+    )
 
 
 def job_shards_in_redis(redis: Redis, job: JobInfo) -> list[str]:
@@ -173,6 +199,8 @@ class Reconciled:
     """Jobs that got shards again."""
     deferred: bool = False
     """Nothing was decided: another worker is reconciling the queue, or Redis restarted moments ago."""
+    failed_submits: list[str] = field(default_factory=list)
+    """Jobs left validating by a submit that died (their lease passed), now failed."""
 
 
 def reconcile(store: Store, redis: Redis, queue: str, *, grace: float = 0.0) -> Reconciled:
@@ -192,6 +220,10 @@ def reconcile(store: Store, redis: Redis, queue: str, *, grace: float = 0.0) -> 
         if grace and int(redis.info("server").get("uptime_in_seconds", grace)) < grace:
             return Reconciled(deferred=True)
         done = Reconciled()
+        now = time.time()
+        done.failed_submits = [
+            j for j in store.lapsed_submits(queue, now) if fail_interrupted(store, j, now) is not None
+        ]
         live = live_shards(redis, queue)
         jobs = [store.get_job(j) for j in store.jobs_with_pending(queue, [lifecycle.IN_PROGRESS, lifecycle.CANCELLING])]
         lost = {job.id: _lost_shards(store, job.id, live) for job in jobs if job.status != lifecycle.CANCELLING}

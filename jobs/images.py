@@ -22,9 +22,13 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import unquote, urlsplit
 
+from omlx_jobs.jobs import beneath
+from omlx_jobs.jobs.remote_hosts import RemoteHosts, literal_address
+
 DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024  # OpenAI's limit per image
 DEFAULT_REMOTE_TIMEOUT = 10.0
 DETAILS = ("auto", "low", "high")
+NO_REMOTE_HOSTS = RemoteHosts()
 # OpenAI's image formats; the worker's decoder opens these and nothing else.
 MEDIA_TYPES = {"image/png": "PNG", "image/jpeg": "JPEG", "image/jpg": "JPEG", "image/webp": "WEBP", "image/gif": "GIF"}
 
@@ -37,6 +41,7 @@ IMAGE_SOURCE_CODES = frozenset(
         "image_not_found",
         "image_path_not_allowed",
         "remote_images_disabled",
+        "image_host_not_allowed",
     }
 )
 
@@ -54,12 +59,16 @@ class ImageSourceError(Exception):
 
 @dataclass(frozen=True)
 class ImageAccess:
-    """Where images may come from: the folders the user allowed, whether remote URLs may be fetched, byte cap."""
+    """Where images may come from: the folders the user allowed, whether remote URLs may be fetched (within one
+    deadline per image, from public addresses and the hosts allowed), and the byte cap."""
 
     allowed_dirs: tuple[Path, ...] = ()
     allow_remote: bool = False
     max_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     remote_timeout: float = DEFAULT_REMOTE_TIMEOUT
+    """Seconds one remote image may take in all: resolving, connecting, redirects and every read."""
+    remote_hosts: RemoteHosts = NO_REMOTE_HOSTS
+    """Hosts and networks a remote image may come from although they are not public (--allow-remote-hosts)."""
 
     @classmethod
     def create(
@@ -69,6 +78,7 @@ class ImageAccess:
         allow_remote: bool = False,
         max_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
         remote_timeout: float = DEFAULT_REMOTE_TIMEOUT,
+        allow_remote_hosts: tuple[str, ...] | list[str] = (),
     ) -> ImageAccess:
         """Resolve each allowed folder once (symlinks too); a folder that does not exist is an error."""
         dirs = []
@@ -79,7 +89,9 @@ class ImageAccess:
             dirs.append(path.resolve())
         if max_bytes < 1 or remote_timeout <= 0:
             raise ValueError("the image byte cap and the remote timeout must be positive")
-        return cls(tuple(dirs), allow_remote, max_bytes, remote_timeout)
+        if allow_remote_hosts and not allow_remote:
+            raise ValueError("--allow-remote-hosts needs --allow-remote-images (it names exceptions to its rules)")
+        return cls(tuple(dirs), allow_remote, max_bytes, remote_timeout, RemoteHosts.parse(allow_remote_hosts))
 
 
 @dataclass(frozen=True)
@@ -117,8 +129,10 @@ def classify(url: str, access: ImageAccess) -> ImageSource:
                 "remote image URLs are off; pass --allow-remote-images to fetch them, or send the image as a "
                 "data: URI or a file under --allow-files-from",
             )
-        if not urlsplit(url).hostname:
+        host = urlsplit(url).hostname
+        if not host:
             raise ImageSourceError("invalid_image_url", f"{_short(url)} has no host name")
+        _check_literal_host(url, host, access)
         return RemoteImage(url)
     if scheme == "file":
         parts = urlsplit(url)
@@ -130,6 +144,19 @@ def classify(url: str, access: ImageAccess) -> ImageSource:
             "invalid_image_url", f"URL scheme {scheme!r} is not supported; use data:, file://, a path, or http(s)"
         )
     return FileImage(confine(url, access))
+
+
+def _check_literal_host(url: str, host: str, access: ImageAccess) -> None:
+    """What can be judged without resolving: an address in the URL itself, or a localhost name."""
+    address = literal_address(host)
+    if address is None and (host == "localhost" or host.endswith(".localhost")):
+        address = literal_address("127.0.0.1")
+    if address is not None and not access.remote_hosts.allows(host, address):
+        raise ImageSourceError(
+            "image_host_not_allowed",
+            f"{_short(url)} names a loopback, private, link-local or reserved address, which remote images may "
+            "not reach; allow it with --allow-remote-hosts (on submit and the worker) if it is meant to be fetched",
+        )
 
 
 def confine(path: str, access: ImageAccess) -> Path:
@@ -169,17 +196,30 @@ def confine(path: str, access: ImageAccess) -> Path:
     return real
 
 
-def read_confined(source: FileImage, access: ImageAccess) -> bytes:
-    """Read a confined file, at most `max_bytes`: re-checked and opened without following a swapped-in link."""
+def open_confined(source: FileImage, access: ImageAccess) -> IO[bytes]:
+    """A confined file, open for reading: checked again, then opened beneath its allowed folder's descriptor,
+    so no link swapped in after the check is followed (jobs/beneath.py), and never a FIFO or a device."""
     path = confine(str(source.path), access)
+    folder = max((d for d in access.allowed_dirs if path.is_relative_to(d)), key=lambda d: len(d.parts))
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        fd = beneath.open_beneath(folder, path.relative_to(folder))
+    except beneath.NotAFile:
+        raise ImageSourceError("invalid_image", f"{_short(str(path))} is not a regular file") from None
+    except beneath.EscapeRefused as exc:
+        raise ImageSourceError(
+            "image_path_not_allowed",
+            f"{_short(str(path))} was not opened: {exc.strerror} (inside --allow-files-from folders, links are "
+            "resolved only by the check before, never while opening, and mounts inside them are not crossed)",
+        ) from None
     except OSError as exc:
-        raise ImageSourceError("image_not_found", f"{path} cannot be opened: {exc}") from None
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise ImageSourceError("invalid_image", f"{path} is not a regular file")
-        return read_capped(fh, access.max_bytes, str(path))
+        raise ImageSourceError("image_not_found", f"{_short(str(path))} cannot be opened: {exc.strerror}") from None
+    return os.fdopen(fd, "rb")
+
+
+def read_confined(source: FileImage, access: ImageAccess) -> bytes:
+    """Read a confined file (see open_confined), at most `max_bytes`."""
+    with open_confined(source, access) as fh:
+        return read_capped(fh, access.max_bytes, str(source.path))
 
 
 def read_capped(stream: IO[bytes], max_bytes: int, what: str) -> bytes:

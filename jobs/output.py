@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from omlx_jobs.errors import SERVER_ERROR_CODES, ErrorCode
 from omlx_jobs.jobs.formats import CHAT_URL
+from omlx_jobs.jobs.jsonl import dumps_line
 from omlx_jobs.jobs.logprobs import choice_logprobs
 from omlx_jobs.store.rows import RESULT_COLUMNS
 
@@ -25,9 +25,6 @@ OUTPUT_COLUMNS = (
     "finished_at",
     "run_id",
 )
-
-# One encoder for every line: json.dumps with options builds a new one per call.
-_encode = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def _usage(row: Any) -> dict[str, Any]:
@@ -157,4 +154,4 @@ def output_lines(
             continue
         run_id = getattr(row, "run_id", None)
         obj, is_error = output_line(row, job_id, models.get(run_id, model) if run_id is not None else model)
-        yield _encode(obj), is_error
+        yield dumps_line(obj), is_error

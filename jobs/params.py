@@ -16,6 +16,8 @@ MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
 MAX_TOKENS_LIMIT = 131072
 MAX_N = 64
+MIN_TEMPERATURE = 1e-5
+"""Temperatures below this are greedy: dividing logits by less overflows float32 and samples at random."""
 DEFAULT_MAX_TOKENS = defaults.MAX_TOKENS
 MAX_TOP_LOGPROBS = 20  # chat
 MAX_COMPLETION_LOGPROBS = 5  # completions
@@ -49,7 +51,7 @@ class SamplingParams:
         stop = body.get("stop")
         return cls(
             max_tokens=int(body["max_tokens"]) if body.get("max_tokens") is not None else DEFAULT_MAX_TOKENS,
-            temperature=float(body["temperature"]) if body.get("temperature") is not None else 1.0,
+            temperature=greedy_below(float(body["temperature"])) if body.get("temperature") is not None else 1.0,
             top_p=float(body["top_p"]) if body.get("top_p") is not None else 1.0,
             top_k=int(body.get("top_k") or 0),
             min_p=float(body.get("min_p") or 0.0),
@@ -144,10 +146,20 @@ def _check_stop(name: str, value: Any) -> list[str]:
     return list(stops)
 
 
+def _check_max_tokens(name: str, value: Any) -> int:
+    # 0 passes here and is refused by _cross_checks unless echo asks to score the prompt.
+    return 0 if value == 0 and type(value) is int else _check_int(name, value, 1, MAX_TOKENS_LIMIT)
+
+
+def greedy_below(temperature: float) -> float:
+    """A temperature under MIN_TEMPERATURE as 0 (greedy): logits divided by 1e-38 overflow and sample at random."""
+    return 0.0 if temperature < MIN_TEMPERATURE else temperature
+
+
 _PARAM_CHECKS: dict[str, Any] = {
-    "max_tokens": lambda n, v: 0 if v == 0 and type(v) is int else _check_int(n, v, 1, MAX_TOKENS_LIMIT),
-    "max_completion_tokens": lambda n, v: _check_int(n, v, 1, MAX_TOKENS_LIMIT),
-    "temperature": lambda n, v: _check_float(n, v, 0.0, 2.0),
+    "max_tokens": _check_max_tokens,
+    "max_completion_tokens": _check_max_tokens,
+    "temperature": lambda n, v: greedy_below(_check_float(n, v, 0.0, 2.0)),
     "top_p": lambda n, v: _check_float(n, v, 0.0, 1.0, lo_open=True),
     "top_k": lambda n, v: _check_int(n, v, 0, 1_000_000),
     "min_p": lambda n, v: _check_float(n, v, 0.0, 1.0),
@@ -268,6 +280,7 @@ def _unsupported_message(key: str, endpoint: str, checks: dict[str, Any]) -> str
 
 
 def _cross_checks(out: dict[str, Any], where: str) -> dict[str, Any]:
+    tokens_field = "max_tokens" if "max_tokens" in out else "max_completion_tokens"
     if "max_completion_tokens" in out:
         mct = out.pop("max_completion_tokens")
         if "max_tokens" in out and out["max_tokens"] != mct:
@@ -280,7 +293,7 @@ def _cross_checks(out: dict[str, Any], where: str) -> dict[str, Any]:
     if out.get("max_tokens") == 0 and not out.get("echo"):
         raise BadValue(
             "out_of_range",
-            f"{where}max_tokens",
+            f"{where}{tokens_field}",
             f"must be between 1 and {MAX_TOKENS_LIMIT}, got 0; 0 is allowed only with echo: true on "
             f"{COMPLETIONS_URL}, to score a prompt without generating",
         )

@@ -95,17 +95,14 @@ def _check_source(source: img.ImageSource, access: img.ImageAccess) -> None:
     if isinstance(source, img.DataImage):
         img.check_format(source.data, "the data URI")
     elif isinstance(source, img.FileImage):
-        size = os.stat(source.path).st_size
-        if size > access.max_bytes:
-            cap = f"{access.max_bytes:,}"
-            raise img.ImageSourceError(
-                "image_too_large", f"{source.path} is {size:,} bytes, over {cap} bytes; use a smaller image"
-            )
-        try:
-            with open(source.path, "rb") as fh:
-                head = fh.read(16)
-        except OSError as exc:
-            raise img.ImageSourceError("image_not_found", f"{source.path} cannot be read: {exc}") from None
+        with img.open_confined(source, access) as fh:  # as the worker opens it: no link, no FIFO
+            size = os.fstat(fh.fileno()).st_size
+            if size > access.max_bytes:
+                cap = f"{access.max_bytes:,}"
+                raise img.ImageSourceError(
+                    "image_too_large", f"{source.path} is {size:,} bytes, over {cap} bytes; use a smaller image"
+                )
+            head = fh.read(16)
         img.check_format(head, str(source.path))
 
 

@@ -7,6 +7,7 @@ by schema text: a file usually repeats one schema on every line.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -15,7 +16,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from omlx_jobs.jobs import schema_limits
 from omlx_jobs.jobs.errors import BadValue, check_text, describe, shown
+from omlx_jobs.jobs.schema_satisfiable import unsatisfiable
 
 TYPES = ("text", "json_object", "json_schema")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -125,18 +128,35 @@ def _json_schema(spec: Any, name: str) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=256)
 def check_schema(schema_json: str) -> tuple[str, str, str] | None:
-    """None if the grammar compiler accepts the schema, else (code, path inside the schema, message)."""
+    """None if the grammar compiler accepts the schema and can enforce it, else (code, path inside the schema,
+    message). Checked before compiling: numbers the compiler reads inexactly, keys that may repeat; after:
+    what it reports, recursion no finite value ends, and its first token mask."""
     import llguidance
 
+    schema = json.loads(schema_json)
+    problem = schema_limits.inexact_number(schema) or schema_limits.repeatable_keys(schema)
+    if problem is not None:
+        return problem
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_json, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
     except ValueError as exc:  # serde_json's nesting limit (128 levels) is raised, not reported
         return ("invalid_schema", "", f"cannot be read by the grammar compiler ({exc}); nest it less deeply")
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
-    if not messages:
-        return None
-    lines = [line.strip() for line in messages[0].splitlines() if line.strip()]
-    text, schema = lines[0], json.loads(schema_json)
+    if messages:
+        return _compiler_problem(messages[0], schema, is_error)
+    endless = unsatisfiable(schema)
+    if endless is not None:
+        return ("invalid_schema", *endless)
+    error = _first_mask_error(grammar)
+    if error is not None:
+        return ("invalid_schema", "", f"cannot be satisfied: the grammar compiled from it allows no output ({error})")
+    return None
+
+
+def _compiler_problem(message: str, schema: Any, is_error: bool) -> tuple[str, str, str]:
+    """What llguidance's message means for the user, with the path of the keyword it is about."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    text = lines[0]
     if text.startswith("regex parse error") and len(lines) > 1:  # the pattern, a caret, then what is wrong
         return (
             "invalid_schema",
@@ -146,10 +166,9 @@ def check_schema(schema_json: str) -> tuple[str, str, str] | None:
     unimplemented = re.match(r"Unimplemented keys: \[(.*)\]", text)
     if unimplemented:
         keys = json.loads(f"[{unimplemented.group(1)}]")
-        path = _find_keyword(schema, keys[0]) or ""
         return (
             "unsupported_schema",
-            path,
+            _find_keyword(schema, keys[0]) or "",
             f"uses {', '.join(repr(k) for k in keys)}, which constrained decoding cannot enforce; remove it or "
             f"express it with the supported keywords ({SUPPORTED_KEYWORDS})",
         )
@@ -168,9 +187,74 @@ def check_schema(schema_json: str) -> tuple[str, str, str] | None:
             "refers to a schema outside itself, which is never fetched; put the definition under $defs and "
             'refer to it as "#/$defs/NAME"',
         )
+    if text.startswith("oneOf constraints are not supported"):
+        return ("unsupported_schema", _overlapping_one_of(schema), ONE_OF_MESSAGE)
+    if text.startswith("min/maxProperties only supported"):
+        path = schema_limits.optional_beside_counts(schema) or _find_keyword(schema, "minProperties") or ""
+        return ("unsupported_schema", path, COUNTS_MESSAGE)
+    if text.startswith("Unsatisfiable schema"):
+        return ("invalid_schema", "", f"can never be satisfied: {text.removeprefix('Unsatisfiable schema: ')}")
     if not is_error:  # a warning: something the grammar would not enforce; never skipped silently
         return ("unsupported_schema", "", f"cannot be enforced as written: {text}")
     return ("invalid_schema", "", f"is not a valid JSON schema: {text}")
+
+
+ONE_OF_MESSAGE = (
+    "uses oneOf with branches that constrained decoding cannot prove exclusive, so it cannot enforce that a value "
+    "matches exactly one; use anyOf if a value may match several, or make the branches exclusive (a property "
+    'with a different "const" in each, or additionalProperties: false with distinct required keys)'
+)
+COUNTS_MESSAGE = (
+    "uses minProperties/maxProperties beside declared properties that are not all required while other keys "
+    "are allowed, which constrained decoding cannot enforce; list every declared property in required, or set "
+    "additionalProperties to false, or drop minProperties/maxProperties"
+)
+MAX_ONE_OF_PROBES = 16
+
+
+def _overlapping_one_of(schema: Any) -> str:
+    """The path of the oneOf that llguidance cannot prove disjoint: the first that still fails when every other
+    oneOf is read as anyOf (its message names no place)."""
+    import llguidance
+
+    places = [path for path, node in schema_limits.subschemas(schema) if isinstance(node.get("oneOf"), list)]
+    for path in places[:MAX_ONE_OF_PROBES]:
+        probe = copy.deepcopy(schema)
+        for other, node in schema_limits.subschemas(probe):
+            if other != path and isinstance(node.get("oneOf"), list):
+                node.setdefault("allOf", []).append({"anyOf": node.pop("oneOf")})
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(_schema_text(probe), overrides=JSON_OPTIONS)  # type: ignore[arg-type]
+        _, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+        if messages and messages[0].startswith("oneOf constraints are not supported"):
+            return f"{path}.oneOf"
+    return f"{places[0]}.oneOf" if places else ""
+
+
+@functools.cache
+def _byte_tokenizer() -> Any:
+    """A vocabulary of the 256 bytes and an end token: enough to ask a grammar for its first token mask."""
+    import llguidance
+
+    class Bytes:
+        def __init__(self) -> None:
+            self.eos_token_id, self.bos_token_id = 256, None
+            self.tokens = [bytes([i]) for i in range(256)] + [b"</s>"]
+            self.special_token_ids = [256]
+
+        def __call__(self, text: bytes) -> list[int]:
+            return list(text)
+
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(Bytes()))
+
+
+def _first_mask_error(grammar: str) -> str | None:
+    """The error a matcher of `grammar` enters when asked for its first token mask, as the worker does; or None."""
+    import llguidance
+
+    matcher = llguidance.LLMatcher(_byte_tokenizer(), grammar, log_level=0)
+    if not matcher.is_error():
+        matcher.compute_bitmask()
+    return matcher.get_error().splitlines()[0] if matcher.is_error() else None
 
 
 def _find_keyword(schema: Any, keyword: str, value: Any = None, path: str = "") -> str | None:

@@ -11,10 +11,12 @@ from pathlib import Path
 from queue import Queue
 from typing import IO, Any
 
-from omlx_jobs.errors import ErrorCode
+from omlx_jobs import defaults
+from omlx_jobs.errors import ErrorCode, OmlxError
 from omlx_jobs.jobs import lifecycle
 from omlx_jobs.jobs.formats import NO_FILES, InputError, parse_stream
 from omlx_jobs.jobs.images import ImageAccess
+from omlx_jobs.jobs.lease import SubmitLease
 from omlx_jobs.jobs.sharding import DEFAULT_SHARD_SIZE, cut_shards, request_key
 from omlx_jobs.store import RequestStatus, Store
 from omlx_jobs.store.shards import END_KEY, ShardCut
@@ -38,6 +40,24 @@ class LoadResult:
             return f"rejected: {self.invalid} bad line(s), nothing was queued"
         skipped = f", {self.invalid} invalid line(s) recorded as failed" if self.invalid else ""
         return f"{self.valid} request(s){skipped}"
+
+
+class BadSubmit(OmlxError, ValueError):
+    """An argument of submit itself (not a line) that cannot work; the message says which and what to do."""
+
+
+MAX_MODEL_CHARS = 1024  # the jobs.model column
+
+
+def check_model(model: str) -> str:
+    """The --model string a job runs on, refused if empty, blank, over 1,024 characters or holding control chars."""
+    if not model or not model.strip():
+        raise BadSubmit("--model is empty; give the model the workers serve (the same string as `worker --model`)")
+    if len(model) > MAX_MODEL_CHARS:
+        raise BadSubmit(f"--model is {len(model):,} characters; at most {MAX_MODEL_CHARS:,} are allowed")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in model):
+        raise BadSubmit("--model holds a control character (a newline, a NUL, ...); give the model's name or path")
+    return model
 
 
 class _ChunkWriter:
@@ -97,6 +117,7 @@ def load_job(
     options: dict[str, Any] | None = None,
     on_progress: Callable[[int], None] | None = None,
     images: ImageAccess = NO_FILES,
+    lease_seconds: float = defaults.SUBMIT_LEASE,
 ) -> LoadResult:
     """Create a job and its request rows from a JSONL stream, in prefix order, cut into shards; never holds
     the whole file in memory (the database sorts the keys).
@@ -105,19 +126,25 @@ def load_job(
 
     With bad lines and no `skip_invalid`, the job is marked failed with the errors and keeps no requests.
     If loading stops midway (Ctrl-C, a signal, an error), the job is removed again: none is left half-made.
+    While it loads, the job holds a lease it renews (jobs/lease.py): a kill -9 leaves a job that reconcile fails.
     """
+    check_model(model)
     job_id = job_id or lifecycle.new_job_id()
     name = str(Path(source).resolve()) if isinstance(source, Path) else getattr(source, "name", None)
     # Opened before the job exists: opening a FIFO blocks until a writer comes, and Ctrl-C may come first.
     stream = open(source, "rb") if isinstance(source, Path) else source  # noqa: SIM115
     try:
         opts = {"skip_invalid": skip_invalid, **(options or {})}
-        store.create_job(job_id, model, queue=queue, input_file=name, options=opts)
+        lease = SubmitLease(store, job_id, lease_seconds)
+        store.create_job(
+            job_id, model, queue=queue, input_file=name, options=opts, submit_lease_until=lease.first_until()
+        )
         try:
-            result = _load_rows(store, stream, job_id, skip_invalid, on_progress, images)
+            result = _load_rows(store, stream, job_id, skip_invalid, on_progress, images, lease)
             if not result.rejected:
-                cut_job(store, job_id, shard_size or DEFAULT_SHARD_SIZE)
-                store.update_job(job_id, total=result.total, errors=[e.to_dict() for e in result.errors] or None)
+                cut_job(store, job_id, shard_size or DEFAULT_SHARD_SIZE, lease=lease)
+                store.update_job(job_id, errors=[e.to_dict() for e in result.errors] or None)
+                lease.release(result.total)
         except BaseException:
             with contextlib.suppress(Exception):  # the store may be what failed; the original error matters
                 store.delete_job(job_id)
@@ -128,7 +155,7 @@ def load_job(
     return result
 
 
-def cut_job(store: Store, job_id: str, shard_size: int) -> int:
+def cut_job(store: Store, job_id: str, shard_size: int, *, lease: SubmitLease | None = None) -> int:
     """Cut the job's pending requests, in prefix order, into shards and store them; returns how many.
 
     The keys stream from an index scan; only the keys of the open shard's window are held (to name bounds).
@@ -138,6 +165,8 @@ def cut_job(store: Store, job_id: str, shard_size: int) -> int:
     def keys() -> Iterator[bytes]:
         for pos, (key, idx) in enumerate(store.iter_pending_keys(job_id)):
             window[pos] = (key, idx)
+            if lease is not None:
+                lease.renew_if_due()
             yield key
 
     cuts: list[ShardCut] = []
@@ -163,6 +192,7 @@ def _load_rows(
     skip_invalid: bool,
     on_progress: Callable[[int], None] | None,
     images: ImageAccess,
+    lease: SubmitLease,
 ) -> LoadResult:
     result = LoadResult(job_id)
     rows: list[dict[str, Any]] = []
@@ -178,6 +208,7 @@ def _load_rows(
 
     try:
         for item in parse_stream(stream, images):
+            lease.renew_if_due()
             if isinstance(item, InputError):
                 result.invalid += 1
                 if len(result.errors) < MAX_REPORTED_ERRORS:
@@ -215,7 +246,7 @@ def _load_rows(
     if (result.invalid and not skip_invalid) or result.valid == 0:
         result.rejected = True
         store.delete_requests(job_id)
-        store.update_job(job_id, total=0, errors=[e.to_dict() for e in result.errors])
+        store.update_job(job_id, total=0, errors=[e.to_dict() for e in result.errors], submit_lease_until=None)
         store.transition(job_id, lifecycle.FAILED)
         result.total = 0
     return result

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import JSON, Float, ForeignKey, Integer, String, insert, select, update
+from sqlalchemy import JSON, Float, ForeignKey, Integer, String, insert, or_, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
 from omlx_jobs.store.errors import retrying
@@ -42,6 +42,8 @@ class BatchRow(Base):
     error_file_id: Mapped[str | None] = mapped_column(String(64), default=None)
     # When the output/error file ids were set; None while the job runs.
     finalized_at: Mapped[float | None] = mapped_column(Float, default=None)
+    # The API key that created it (api/tenants.py: a hash, never the key); NULL: visible to every key.
+    owner: Mapped[str | None] = mapped_column(String(64), default=None, index=True)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class BatchInfo:
     output_file_id: str | None
     error_file_id: str | None
     finalized_at: float | None
+    owner: str | None = None
 
 
 def _info(row: Any) -> BatchInfo:
@@ -90,9 +93,12 @@ class Batches:
         return _info(row) if row else None
 
     @retrying
-    def page(self, *, after: str | None, limit: int) -> list[BatchInfo]:
-        """Up to `limit` batches, newest first (ids sort by creation time), starting past `after`."""
+    def page(self, *, after: str | None, limit: int, owner: str | None = None) -> list[BatchInfo]:
+        """Up to `limit` batches, newest first (ids sort by creation time), starting past `after`; with `owner`,
+        only that owner's batches and those without one."""
         stmt = select(BatchRow.__table__)
+        if owner is not None:
+            stmt = stmt.where(or_(BatchRow.owner == owner, BatchRow.owner.is_(None)))
         if after:
             stmt = stmt.where(BatchRow.job_id < after)
         with self.engine.connect() as conn:

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Float, Index, Integer, String, Text, delete, insert, select, update
+from sqlalchemy import JSON, BigInteger, Float, Index, Integer, String, Text, delete, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -44,6 +44,8 @@ class FileRow(Base):
     job_id: Mapped[str | None] = mapped_column(String(64), default=None)
     # Input files: what a quick pass found, {"models": {name: first line}, "urls": {url: first line}}.
     scan: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    # The API key that created it (api/tenants.py: a hash, never the key); NULL: visible to every key.
+    owner: Mapped[str | None] = mapped_column(String(64), default=None, index=True)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class FileInfo:
     expires_at: float | None
     job_id: str | None
     scan: dict[str, Any] | None
+    owner: str | None = None
 
 
 _COLUMNS = [c.name for c in FileRow.__table__.columns]
@@ -109,9 +112,14 @@ class Files:
         return FileInfo(**row) if row else None
 
     @retrying
-    def page(self, *, after: str | None, limit: int, descending: bool, purpose: str | None) -> list[FileInfo]:
-        """Up to `limit` files in id order (ids sort by creation time), starting past `after`."""
+    def page(
+        self, *, after: str | None, limit: int, descending: bool, purpose: str | None, owner: str | None = None
+    ) -> list[FileInfo]:
+        """Up to `limit` files in id order (ids sort by creation time), starting past `after`; with `owner`,
+        only that owner's files and those without one."""
         stmt = select(FileRow.__table__)
+        if owner is not None:
+            stmt = stmt.where(or_(FileRow.owner == owner, FileRow.owner.is_(None)))
         if purpose:
             stmt = stmt.where(FileRow.purpose == purpose)
         if after:

@@ -13,7 +13,9 @@ from typing import Any
 from sqlalchemy import Engine, delete, func, insert, select, update
 
 from omlx_jobs.store.errors import JobNotFound, retrying, safe_url
-from omlx_jobs.store.models import Job, Request, RequestStatus, ShardRun
+from omlx_jobs.store.models import Job, Request, RequestStatus, Shard, ShardRun
+
+_VALIDATING = "validating"  # jobs/lifecycle.py names the statuses; the store imports nothing of ours
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class JobInfo:
     failed_at: float | None
     cancelling_at: float | None
     cancelled_at: float | None
+    submit_lease_until: float | None
     prefill_tokens: int
     trie_min_tokens: int
     cache_hits: int
@@ -80,6 +83,7 @@ class JobStore:
         input_file: str | None = None,
         options: dict[str, Any] | None = None,
         status: str = "validating",
+        submit_lease_until: float | None = None,
     ) -> None:
         with self.engine.begin() as conn:
             conn.execute(
@@ -92,6 +96,7 @@ class JobStore:
                     total=0,
                     options=options or {},
                     created_at=time.time(),
+                    submit_lease_until=submit_lease_until,
                     prefill_tokens=0,
                     trie_min_tokens=0,
                     cache_hits=0,
@@ -145,6 +150,47 @@ class JobStore:
             stmt = stmt.where(Job.status.in_(list(only_from)))
         with self.engine.begin() as conn:
             return conn.execute(stmt.values(**values)).rowcount > 0
+
+    @retrying
+    def renew_submit_lease(self, job_id: str, until: float | None, *, total: int | None = None) -> bool:
+        """Push a validating job's submit lease to `until` (None: the file is stored, with `total` requests).
+        False if the job is no longer validating: reconcile failed it, and the submit must stop."""
+        values: dict[str, Any] = {"submit_lease_until": until}
+        if total is not None:
+            values["total"] = total
+        stmt = update(Job).where(Job.id == job_id, Job.status == _VALIDATING).values(**values)
+        with self.engine.begin() as conn:
+            return conn.execute(stmt).rowcount > 0
+
+    @retrying
+    def lapsed_submits(self, queue: str, now: float) -> list[str]:
+        """Jobs on `queue` still validating whose submit lease has passed: their submit died."""
+        stmt = (
+            select(Job.id)
+            .where(Job.queue == queue, Job.status == _VALIDATING, Job.submit_lease_until.is_not(None))
+            .where(Job.submit_lease_until < now)
+        )
+        with self.engine.connect() as conn:
+            return [r[0] for r in conn.execute(stmt)]
+
+    @retrying
+    def fail_lapsed_submit(self, job_id: str, now: float, error: dict[str, Any]) -> int | None:
+        """Fail a validating job whose lease has passed (or that never had one) and whose file was never stored
+        whole (total 0), and drop what its submit stored,
+        in one transaction; returns how many request rows it had, or None if it was not such a job."""
+        lapsed = (Job.submit_lease_until.is_(None)) | (Job.submit_lease_until < now)
+        with self.engine.begin() as conn:
+            changed = conn.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.status == _VALIDATING, Job.total == 0, lapsed)
+                .values(status="failed", failed_at=now, total=0, errors=[error], submit_lease_until=None)
+            ).rowcount
+            if not changed:
+                return None
+            stored = conn.execute(select(func.count()).where(Request.job_id == job_id)).scalar_one()
+            conn.execute(delete(Request).where(Request.job_id == job_id))
+            conn.execute(delete(Shard).where(Shard.job_id == job_id))
+            return int(stored)
 
     @retrying
     def add_job_stats(self, job_id: str, *, peak_bytes: int = 0, **deltas: int) -> None:

@@ -47,6 +47,8 @@ class Job(Base):
     failed_at: Mapped[float | None] = mapped_column(Float, default=None)
     cancelling_at: Mapped[float | None] = mapped_column(Float, default=None)
     cancelled_at: Mapped[float | None] = mapped_column(Float, default=None)
+    # While a submit stores the file, it keeps pushing this forward (jobs/lease.py); NULL once stored whole.
+    submit_lease_until: Mapped[float | None] = mapped_column(Float, default=None)
     # Prefix accounting, added to atomically by workers (UPDATE ... SET x = x + n).
     prefill_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     trie_min_tokens: Mapped[int] = mapped_column(BigInteger, default=0)

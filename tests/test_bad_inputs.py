@@ -15,6 +15,7 @@ import pytest
 
 from omlx_jobs.jobs import lifecycle
 from omlx_jobs.jobs.formats import INPUT_ERROR_CODES, MAX_LINE_BYTES, InputError, ParsedRequest, parse_stream
+from omlx_jobs.jobs.images import ImageAccess
 from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.jobs.submit import load_job
 from omlx_jobs.store import RequestStatus, Store, open_store
@@ -45,6 +46,11 @@ def _input(case: dict[str, Any], tmp_path: Path) -> Path:
         else:
             raise AssertionError(f"unknown generator {gen['kind']!r}")
     return path
+
+
+def _access(case: dict[str, Any]) -> ImageAccess:
+    """Where the case's images may come from: data: URIs only, unless it says remote images are on."""
+    return ImageAccess.create(allow_remote=bool(case.get("allow_remote_images")))
 
 
 def _assert_error(got: InputError | dict[str, Any], want: dict[str, Any]) -> None:
@@ -97,7 +103,7 @@ def test_long_line_is_over_the_limit(tmp_path: Path) -> None:
 @pytest.mark.parametrize("case", _cases("rejected"))
 def test_parse_stream_reports_each_bad_line(case: dict[str, Any], tmp_path: Path) -> None:
     with open(_input(case, tmp_path), "rb") as f:
-        items = list(parse_stream(f))
+        items = list(parse_stream(f, _access(case)))
     errors = [i for i in items if isinstance(i, InputError)]
     expected = [e for e in case["errors"] if e["line"] > 0]  # line 0 (the whole file) is load_job's verdict
     assert [e.line for e in errors] == [e["line"] for e in expected], [str(e) for e in errors]
@@ -108,7 +114,7 @@ def test_parse_stream_reports_each_bad_line(case: dict[str, Any], tmp_path: Path
 
 @pytest.mark.parametrize("case", _cases("rejected"))
 def test_load_job_rejects_the_whole_file(case: dict[str, Any], tmp_path: Path, store: Store) -> None:
-    result = load_job(store, _input(case, tmp_path), MODEL)
+    result = load_job(store, _input(case, tmp_path), MODEL, images=_access(case))
     assert result.rejected
     assert [e.line for e in result.errors] == [e["line"] for e in case["errors"]]
     job = store.get_job(result.job_id)
@@ -122,7 +128,7 @@ def test_load_job_rejects_the_whole_file(case: dict[str, Any], tmp_path: Path, s
 
 @pytest.mark.parametrize("case", _cases("rejected"))
 def test_skip_invalid_keeps_good_lines(case: dict[str, Any], tmp_path: Path, store: Store) -> None:
-    result = load_job(store, _input(case, tmp_path), MODEL, skip_invalid=True)
+    result = load_job(store, _input(case, tmp_path), MODEL, skip_invalid=True, images=_access(case))
     if case["valid"] == 0:  # nothing left to run: rejected even with skip_invalid
         assert result.rejected
         assert store.get_job(result.job_id).status == lifecycle.FAILED
@@ -157,6 +163,9 @@ def test_accepted_files(case: dict[str, Any], tmp_path: Path, store: Store) -> N
     rows = list(store.iter_requests(result.job_id))
     assert [r.custom_id for r in rows] == case["custom_ids"]
     assert all(r.status == RequestStatus.PENDING for r in rows)
+    for row in rows:  # "stored": what the normalized body must hold (the worker reads only that)
+        want = case.get("stored", {}).get(row.custom_id, {})
+        assert {k: row.body.get(k) for k in want} == want, (row.custom_id, row.body)
 
 
 # ---- run time: only the model can judge ------------------------------------------------------------------

@@ -200,6 +200,7 @@ def test_errors_cover_every_parse_code() -> None:
     seen = {code for _, _, code, _ in ERRORS}
     from_files = {"invalid_encoding", "line_too_long", "duplicate_custom_id", "empty_file", "invalid_request"}
     from_files |= {"image_not_found", "image_too_large"}  # tests/test_image_parts.py, with real files
+    from_files |= {"image_host_not_allowed"}  # tests/data/bad, with remote images on
     assert seen | from_files == INPUT_ERROR_CODES
 
 
@@ -472,3 +473,12 @@ def test_formats_imports_no_io_libraries() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_stored_tiny_temperature_is_read_as_greedy() -> None:
+    """Rows stored before temperatures under 1e-5 became 0 at submit are read as greedy by the worker too."""
+    from omlx_jobs.jobs.params import SamplingParams
+
+    assert SamplingParams.from_body({"prompt": "x", "temperature": 1e-38}).temperature == 0.0
+    assert SamplingParams.from_body({"prompt": "x", "temperature": 1e-5}).temperature == 1e-5
+    assert SamplingParams.from_body({"prompt": "x"}).temperature == 1.0

@@ -19,6 +19,8 @@ from omlx_jobs.jobs.images import ImageAccess
 from omlx_jobs.worker import images
 from omlx_jobs.worker.images import ImageError, ImageLimits
 
+LOOPBACK = ["127.0.0.1"]  # the test servers' address: refused for remote images unless allowed
+
 
 def encoded(img: Image.Image, fmt: str = "PNG", **kw: object) -> bytes:
     buf = io.BytesIO()
@@ -233,7 +235,7 @@ def test_remote_off_never_connects(server: _Server) -> None:
 
 
 def test_remote_on_fetches_and_follows_http_redirects(server: _Server) -> None:
-    access = ImageAccess(allow_remote=True)
+    access = ImageAccess.create(allow_remote=True, allow_remote_hosts=LOOPBACK)
     got = images.load_image(f"{server.url}/a.png", access)
     assert got.digest == images.decode(encoded(gradient())).digest
     assert images.load_image(f"{server.url}/moved", access).digest == got.digest
@@ -241,7 +243,7 @@ def test_remote_on_fetches_and_follows_http_redirects(server: _Server) -> None:
 
 
 def test_remote_failures(server: _Server) -> None:
-    access = ImageAccess(allow_remote=True, remote_timeout=0.5)
+    access = ImageAccess.create(allow_remote=True, remote_timeout=0.5, allow_remote_hosts=LOOPBACK)
     assert code_of(images.load_image, f"{server.url}/missing.png", access) == "image_unreachable"
     started = time.perf_counter()
     assert code_of(images.load_image, f"{server.url}/slow.png", access) == "image_unreachable"
@@ -258,7 +260,7 @@ def test_unreachable_host() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    access = ImageAccess(allow_remote=True, remote_timeout=1)
+    access = ImageAccess.create(allow_remote=True, remote_timeout=1, allow_remote_hosts=LOOPBACK)
     assert code_of(images.load_image, f"http://127.0.0.1:{port}/x.png", access) == "image_unreachable"
 
 

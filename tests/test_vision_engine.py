@@ -296,8 +296,8 @@ def test_a_text_model_refuses_images(tiny_loaded: Any) -> None:
 
 
 def test_one_image_asked_about_many_times_is_loaded_once(loaded: VisionLoaded, monkeypatch: Any) -> None:
+    from omlx_jobs.jobs import fetch
     from omlx_jobs.jobs.images import ImageSourceError
-    from omlx_jobs.worker import images
     from omlx_jobs.worker.images import ImageError
     from omlx_jobs.worker.vision_engine import ImageMemo
 
@@ -307,8 +307,9 @@ def test_one_image_asked_about_many_times_is_loaded_once(loaded: VisionLoaded, m
         calls.append(url)
         raise ImageSourceError("image_unreachable", f"could not fetch {url}")
 
-    monkeypatch.setattr(images, "_download", unreachable)
-    remote = VisionLoaded(**{**loaded.__dict__, "access": ImageAccess.create(allow_remote=True), "memo": ImageMemo()})
+    monkeypatch.setattr(fetch, "fetch_remote", unreachable)
+    access = ImageAccess.create(allow_remote=True, allow_remote_hosts=["127.0.0.1"])
+    remote = VisionLoaded(**{**loaded.__dict__, "access": access, "memo": ImageMemo()})
     url = "http://127.0.0.1:9/x.png"
     body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]}
     for _ in range(3):

@@ -117,6 +117,8 @@ def test_bad_images_fail_alone_and_the_job_goes_on(tmp_path: Path, env: dict[str
         "--allow-files-from",
         str(submit_only),
         "--allow-remote-images",
+        "--allow-remote-hosts",  # the test's URL is on loopback, refused by default
+        "127.0.0.1",
     )
     assert code == 0, err
     job = out.strip()
@@ -167,6 +169,8 @@ def test_unreachable_url_and_a_text_model(
         "--model",
         str(vlm_dir),
         "--allow-remote-images",
+        "--allow-remote-hosts",
+        "127.0.0.1",
         "-o",
         str(tmp_path / "out.jsonl"),
     )
@@ -176,7 +180,14 @@ def test_unreachable_url_and_a_text_model(
     assert out["data"]["response"]["status_code"] == 200
 
     code, job, err = invoke(
-        env, "submit", str(tmp_path / "in.jsonl"), "--model", str(tiny_model_dir), "--allow-remote-images"
+        env,
+        "submit",
+        str(tmp_path / "in.jsonl"),
+        "--model",
+        str(tiny_model_dir),
+        "--allow-remote-images",
+        "--allow-remote-hosts",
+        "127.0.0.1",
     )
     assert code == 0, err
     proc = burst_worker(env, tiny_model_dir)

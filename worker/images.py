@@ -97,7 +97,9 @@ def fetch(url: str, access: ImageAccess) -> bytes:
             return source.data
         if isinstance(source, sources.FileImage):
             return sources.read_confined(source, access)
-        return _download(source.url, access)
+        from omlx_jobs.jobs.fetch import fetch_remote  # checked addresses, one deadline per image (issue 21)
+
+        return fetch_remote(source.url, access)
     except ImageSourceError as exc:
         raise ImageError(exc.code, exc.message) from None
 
