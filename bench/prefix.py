@@ -135,8 +135,8 @@ def run_ours(loaded: Any, w: Workload, label: str, config: Any, workdir: Path, r
 
     from omlx_jobs.jobs.submit import load_job
     from omlx_jobs.store import open_store
-    from omlx_jobs.worker.engine import Engine
-    from omlx_jobs.worker.shard import run_shard
+    from omlx_jobs.worker.engine.loop import Engine
+    from omlx_jobs.worker.runtime.shard import run_shard
 
     src = workdir / f"{w.name}.jsonl"
     if not src.exists():
@@ -183,7 +183,7 @@ def run_ours(loaded: Any, w: Workload, label: str, config: Any, workdir: Path, r
 
 
 def bench_workload(loaded: Any, w: Workload, args: argparse.Namespace, workdir: Path) -> list[Run]:
-    from omlx_jobs.worker.engine import EngineConfig
+    from omlx_jobs.worker.engine.loop import EngineConfig
 
     base = dict(
         completion_batch_size=args.batch_size,
@@ -297,7 +297,7 @@ def main() -> None:
     loaded = load_bench_model(args.model, dtype=args.dtype)
     print(
         f"model {args.model} loaded in {time.perf_counter() - t:.1f}s; device {mx.default_device()}; "
-        f"{platform.machine()} {platform.system()}; BLAS {omlx_jobs.worker.blas.loaded}"
+        f"{platform.machine()} {platform.system()}; BLAS {omlx_jobs.worker.models.blas.loaded}"
     )
     vocab = (100, max(200, min(loaded.vocab_size - 100, 30000)))
     workloads = make_workloads(vocab, scale, count_scale=args.count_scale)

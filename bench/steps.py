@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from omlx_jobs.worker import attention  # the worker package loads a fast BLAS before mlx
+from omlx_jobs.worker.attention import ragged as attention  # the worker package loads a fast BLAS before mlx
 
 VIEW_PRIMITIVES = frozenset(
     {"Broadcast", "Reshape", "Slice", "Transpose", "ExpandDims", "Squeeze", "AsStrided", "Flatten", "Unflatten"}

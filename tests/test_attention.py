@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import mlx.core as mx
 import pytest
 
-from omlx_jobs.worker import attention
-from omlx_jobs.worker.engine import Engine, EngineConfig, WorkItem
-from omlx_jobs.worker.model import LoadedModel, load
+from omlx_jobs.worker.attention import ragged as attention
+from omlx_jobs.worker.engine.loop import Engine, EngineConfig, WorkItem
+from omlx_jobs.worker.models.loaded import LoadedModel, load
 from tests.test_engine import greedy, mixed_prompts, run
 from tests.tiny_model import build_tiny_model
 

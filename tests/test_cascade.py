@@ -12,7 +12,8 @@ import contextlib
 import mlx.core as mx
 import pytest
 
-from omlx_jobs.worker import cascade, cascade_decode, cascade_kernel
+from omlx_jobs.worker.attention import cascade, cascade_decode
+from omlx_jobs.worker.attention import suffix_kernel as cascade_kernel
 from tests.cascade_cases import OWN, case
 
 TOLERANCE = {mx.float32: 1e-5, mx.bfloat16: 3e-2}
@@ -121,7 +122,7 @@ def test_the_compiled_path_used_on_gpus_gives_the_same(monkeypatch: pytest.Monke
 def test_the_compiled_path_follows_the_batch_as_it_grows_and_shrinks(route: str, monkeypatch: pytest.MonkeyPatch):
     """One level structure, batches of other sizes and other rows per level (a continuous batch admits and
     finishes rows): the compiled graphs (GPUs; forced here) must not keep the first batch's row counts."""
-    from omlx_jobs.worker import cascade_prefix
+    from omlx_jobs.worker.attention import prefix_kernel as cascade_prefix
 
     monkeypatch.setattr(cascade, "compiling", lambda: True)
     monkeypatch.setattr(cascade_decode, "_decode_steps", {})

@@ -18,9 +18,12 @@ import pytest
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
-from omlx_jobs.worker import attention, cascade, cascade_decode, cascade_kernel, kv
-from omlx_jobs.worker.cascade_cache import OWN_STEP, CascadeKVCache, SharedPrefix, SharedPrefixes, row_caches
-from omlx_jobs.worker.model import LoadedModel, load
+from omlx_jobs.worker.attention import cascade, cascade_decode
+from omlx_jobs.worker.attention import ragged as attention
+from omlx_jobs.worker.attention import suffix_kernel as cascade_kernel
+from omlx_jobs.worker.backend.cascade_cache import OWN_STEP, CascadeKVCache, SharedPrefix, SharedPrefixes, row_caches
+from omlx_jobs.worker.cache import kv
+from omlx_jobs.worker.models.loaded import LoadedModel, load
 from tests.tiny_model import build_tiny_model
 
 

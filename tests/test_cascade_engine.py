@@ -16,12 +16,14 @@ import mlx.core as mx
 import pytest
 
 from omlx_jobs.jobs.formats import SamplingParams
-from omlx_jobs.worker import cascade, cascade_batch, cascade_fused
-from omlx_jobs.worker.backend import DecodeBatch, RowSpec
-from omlx_jobs.worker.cascade_batch import CascadeBatch, PrefixLevels
-from omlx_jobs.worker.cascade_cache import OWN_STEP
-from omlx_jobs.worker.engine import Engine, EngineConfig, ItemResult, WorkItem
-from omlx_jobs.worker.model import LoadedModel
+from omlx_jobs.worker.attention import cascade
+from omlx_jobs.worker.attention import fused as cascade_fused
+from omlx_jobs.worker.backend import cascade_batch
+from omlx_jobs.worker.backend.cascade_batch import CascadeBatch, PrefixLevels
+from omlx_jobs.worker.backend.cascade_cache import OWN_STEP
+from omlx_jobs.worker.backend.model import DecodeBatch, RowSpec
+from omlx_jobs.worker.engine.loop import Engine, EngineConfig, ItemResult, WorkItem
+from omlx_jobs.worker.models.loaded import LoadedModel
 from tests.cascade_cases import count_calls
 
 
@@ -204,8 +206,9 @@ def test_the_cuda_path_with_its_kernels_references(
 ) -> None:
     """What runs on CUDA (the ragged kernel for rows without levels, the cascade kernel for own suffixes), with
     each kernel's mx-ops reference in its place, on a model with 64-wide heads: today's tokens."""
-    from omlx_jobs.worker import attention, cascade_kernel
-    from omlx_jobs.worker.model import load
+    from omlx_jobs.worker.attention import ragged as attention
+    from omlx_jobs.worker.attention import suffix_kernel as cascade_kernel
+    from omlx_jobs.worker.models.loaded import load
     from tests.tiny_model import build_tiny_model
 
     wide = load(str(build_tiny_model(tmp_path_factory.mktemp("wide") / "m", hidden_size=256)))
@@ -251,8 +254,11 @@ def test_the_cuda_path_with_the_prefix_kernel_reference(
     """Both cascade kernels (the prefix levels' and the own suffixes'; or the levels in mx ops), each as its mx-ops
     reference, through a continuous batch whose size changes as rows finish and are admitted, compiled as on GPUs:
     today's tokens."""
-    from omlx_jobs.worker import attention, cascade, cascade_decode, cascade_kernel, cascade_prefix
-    from omlx_jobs.worker.model import load
+    from omlx_jobs.worker.attention import cascade, cascade_decode
+    from omlx_jobs.worker.attention import prefix_kernel as cascade_prefix
+    from omlx_jobs.worker.attention import ragged as attention
+    from omlx_jobs.worker.attention import suffix_kernel as cascade_kernel
+    from omlx_jobs.worker.models.loaded import load
     from tests.tiny_model import build_tiny_model
 
     wide = load(str(build_tiny_model(tmp_path_factory.mktemp("wide") / "m", hidden_size=256)))

@@ -13,8 +13,9 @@ import importlib
 import mlx.core as mx
 import pytest
 
-from omlx_jobs.worker import cascade, cascade_fused
-from omlx_jobs.worker.model import LoadedModel
+from omlx_jobs.worker.attention import cascade
+from omlx_jobs.worker.attention import fused as cascade_fused
+from omlx_jobs.worker.models.loaded import LoadedModel
 from tests.cascade_cases import case, count_calls
 from tests.test_cascade_engine import job_prompts, run_job
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from omlx_jobs.worker import cascade, cascade_decode, cascade_kernel, cascade_prefix
+from omlx_jobs.worker.attention import cascade, cascade_decode
+from omlx_jobs.worker.attention import prefix_kernel as cascade_prefix
+from omlx_jobs.worker.attention import suffix_kernel as cascade_kernel
 from tests.cascade_cases import case
 
 TOLERANCE = {mx.bfloat16: 3e-2, mx.float16: 5e-3}

@@ -23,9 +23,10 @@ from omlx_jobs.jobs import actions
 from omlx_jobs.jobs.formats import COMPLETIONS_URL, SamplingParams
 from omlx_jobs.jobs.queue import queue_name
 from omlx_jobs.store import Store, StoreError
-from omlx_jobs.worker import containment, faults
-from omlx_jobs.worker.engine import Engine, EngineConfig, ItemResult, WorkItem
-from omlx_jobs.worker.model import LoadedModel
+from omlx_jobs.worker.engine import faults
+from omlx_jobs.worker.engine.loop import Engine, EngineConfig, ItemResult, WorkItem
+from omlx_jobs.worker.models.loaded import LoadedModel
+from omlx_jobs.worker.runtime import containment
 
 POISON_TOP_K = 10**6
 
@@ -56,7 +57,7 @@ def sampled_lines(path: Path, n: int, *, max_tokens: int = 2) -> Path:
 
 def serve_burst(store: Store, engine: Engine, conn: redis.Redis, qname: str) -> int:
     from omlx_jobs.worker import entry
-    from omlx_jobs.worker.rq_worker import serve
+    from omlx_jobs.worker.runtime.rq_worker import serve
 
     entry.install(entry.WorkerContext(store=store, engine=engine, redis=conn, queue=qname))
     try:

@@ -9,9 +9,9 @@ import pytest
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache
 
-from omlx_jobs.worker import cpu_prefill
-from omlx_jobs.worker.backend import ModelBackend
-from omlx_jobs.worker.model import LoadedModel
+from omlx_jobs.worker.attention import cpu_prefill
+from omlx_jobs.worker.backend.model import ModelBackend
+from omlx_jobs.worker.models.loaded import LoadedModel
 from tests.cascade_cases import count_calls
 
 

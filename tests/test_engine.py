@@ -9,8 +9,8 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from omlx_jobs.jobs.formats import CHAT_URL, COMPLETIONS_URL, SamplingParams
-from omlx_jobs.worker.engine import Engine, EngineConfig, ItemResult, WorkItem
-from omlx_jobs.worker.model import LoadedModel, PromptError, load
+from omlx_jobs.worker.engine.loop import Engine, EngineConfig, ItemResult, WorkItem
+from omlx_jobs.worker.models.loaded import LoadedModel, PromptError, load
 from tests.tiny_model import build_tiny_model
 
 SYSTEMS = [

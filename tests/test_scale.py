@@ -18,10 +18,10 @@ from omlx_jobs.jobs.queue import get_queue, priority_queues, queue_name
 from omlx_jobs.jobs.submit import load_job
 from omlx_jobs.jobs.workers import WorkerInfo, list_workers, publish, retire, serving
 from omlx_jobs.store import Store
-from omlx_jobs.worker import shard
-from omlx_jobs.worker.engine import Engine, EngineConfig
-from omlx_jobs.worker.planner import plan
+from omlx_jobs.worker.engine.loop import Engine, EngineConfig
+from omlx_jobs.worker.engine.planner import plan
 from omlx_jobs.worker.prompts import token_key
+from omlx_jobs.worker.runtime import shard
 from tests.fault_harness import invoke
 
 SYSTEM = "You are a helpful assistant. Answer briefly and clearly, in one sentence please. " * 2
@@ -141,7 +141,7 @@ def test_a_finished_shard_claims_the_next_of_its_group_first(tmp_path: Path, con
 
 def _worker(store: Store, engine: Engine, conn: redis.Redis, qname: str, *extra: str) -> Any:
     from omlx_jobs.worker import entry
-    from omlx_jobs.worker.rq_worker import serve
+    from omlx_jobs.worker.runtime.rq_worker import serve
 
     ctx = entry.WorkerContext(store=store, engine=engine, redis=conn, queue=qname)
     entry.install(ctx)

@@ -1,0 +1,192 @@
+"""Images for the worker: fetch the bytes (re-checking where they may come from), decode them with our limits.
+
+mlx-vlm's own loader fetches any URL and opens any path, so it never sees a request's string: the worker reads
+the bytes here (data: URI, a confined file, or an http(s) URL when remote images are on), decodes them with
+Pillow under a byte and a pixel limit (a decompression bomb is an error, not a hang), applies the EXIF
+orientation, converts to RGB, and names the image by a hash of its decoded pixels and size.
+
+Every failure is an ImageError: a typed, per-request error (the request fails alone; the job goes on).
+Pillow is imported on first decode, so a text-only worker never needs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import urllib.error
+import urllib.request
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from omlx_jobs.jobs import images as sources
+from omlx_jobs.jobs.images import ImageAccess, ImageSourceError
+from omlx_jobs.worker.models.loaded import PromptError
+
+DEFAULT_MAX_PIXELS = 40_000_000  # a 12 MP photo is 12M; 40M decoded RGB is 120 MB
+MAX_REDIRECTS = 5
+
+# Codes a request's image can fail with in the worker (submit-time codes included: the worker checks again).
+IMAGE_ERROR_CODES = sources.IMAGE_SOURCE_CODES | {
+    "truncated_image",
+    "image_too_many_pixels",
+    "image_unreachable",
+    "images_not_supported",
+}
+
+
+class ImageError(PromptError):
+    """A request whose image cannot be used; `code` is one of IMAGE_ERROR_CODES, the message says what to do."""
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    """How much one image may cost: encoded bytes (from ImageAccess) and decoded pixels."""
+
+    max_pixels: int = DEFAULT_MAX_PIXELS
+
+
+DEFAULT_LIMITS = ImageLimits()
+
+
+@dataclass(frozen=True)
+class DecodedImage:
+    """An RGB image with EXIF orientation applied; `digest` identifies its pixels and size."""
+
+    pixels: Any = field(repr=False, compare=False)  # a PIL.Image.Image in mode RGB
+    width: int
+    height: int
+    digest: bytes
+
+    @property
+    def hex(self) -> str:
+        return self.digest.hex()
+
+
+def image_urls(messages: list[dict[str, Any]]) -> Iterator[tuple[int, int, str]]:
+    """(message index, part index, url) of every image part, in prompt order."""
+    for i, msg in enumerate(messages):
+        content = msg.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if part.get("type") == "image_url":
+                    yield i, j, part["image_url"]["url"]
+
+
+def check_accepts_images(messages: list[dict[str, Any]], model_is_vision: bool, model: str) -> None:
+    """ImageError (images_not_supported) if a text-only model gets a request with images."""
+    if not model_is_vision and next(image_urls(messages), None) is not None:
+        raise ImageError(
+            "images_not_supported",
+            f"this request has images, but {model} is a text-only model; send it to a vision model "
+            "(e.g. a Qwen2-VL) or drop the image parts",
+        )
+
+
+def load_image(url: str, access: ImageAccess, limits: ImageLimits = ImageLimits()) -> DecodedImage:
+    """Fetch and decode one image_url, checked again against this worker's `access`."""
+    return decode(fetch(url, access), limits, what=_what(url))
+
+
+def fetch(url: str, access: ImageAccess) -> bytes:
+    """The encoded bytes behind an image URL; never reads outside the allowed folders, never connects unless allowed."""
+    try:
+        source = sources.classify(url, access)
+        if isinstance(source, sources.DataImage):
+            return source.data
+        if isinstance(source, sources.FileImage):
+            return sources.read_confined(source, access)
+        return _download(source.url, access)
+    except ImageSourceError as exc:
+        raise ImageError(exc.code, exc.message) from None
+
+
+def decode(data: bytes, limits: ImageLimits = ImageLimits(), *, what: str = "the image") -> DecodedImage:
+    """Decode PNG, JPEG, WebP or GIF (the first frame) to RGB, within the pixel limit, EXIF orientation applied."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    try:
+        sources.check_format(data, what)
+    except ImageSourceError as exc:
+        raise ImageError(exc.code, exc.message) from None
+    try:
+        with warnings.catch_warnings():  # we check the size ourselves, below
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data), formats=sorted(set(sources.MEDIA_TYPES.values())))
+    except Image.DecompressionBombError:
+        raise _too_many_pixels(what, None, limits) from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise _broken(what, exc) from None
+    width, height = img.size
+    if width * height > limits.max_pixels:  # checked from the header, before any pixel is decoded
+        raise _too_many_pixels(what, (width, height), limits)
+    try:
+        img.load()
+        img = ImageOps.exif_transpose(img)
+        if img.mode != "RGB":
+            img = img.convert("RGB")
+    except Image.DecompressionBombError:
+        raise _too_many_pixels(what, (width, height), limits) from None
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise _broken(what, exc) from None
+    return DecodedImage(img, img.width, img.height, pixel_digest(img))
+
+
+def pixel_digest(img: Any) -> bytes:
+    """SHA-256 of an RGB image's size and pixels: the same picture in any file format gets the same name."""
+    h = hashlib.sha256(f"RGB:{img.width}x{img.height}:".encode())
+    h.update(img.tobytes())
+    return h.digest()
+
+
+def _download(url: str, access: ImageAccess) -> bytes:
+    opener = urllib.request.build_opener(_HttpOnlyRedirects(), urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(url, headers={"User-Agent": "omlx-jobs", "Accept": "image/*"})
+    try:
+        with opener.open(request, timeout=access.remote_timeout) as response:
+            length = response.headers.get("Content-Length")
+            if length is not None and length.isdigit() and int(length) > access.max_bytes:
+                raise ImageSourceError(
+                    "image_too_large", f"{_what(url)} is {int(length):,} bytes, over {access.max_bytes:,} bytes"
+                )
+            return sources.read_capped(response, access.max_bytes, _what(url))
+    except urllib.error.HTTPError as exc:
+        raise ImageSourceError("image_unreachable", f"{_what(url)} answered HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ImageSourceError(
+            "image_unreachable", f"could not fetch {_what(url)}: {reason} (timeout {access.remote_timeout:g} s)"
+        ) from None
+
+
+class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow at most MAX_REDIRECTS redirects, and only to http(s) (never file: or ftp:)."""
+
+    max_redirections = MAX_REDIRECTS
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+        if not newurl.lower().startswith(("http://", "https://")):
+            raise urllib.error.URLError(f"a redirect to {newurl!r} is not followed (http and https only)")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _too_many_pixels(what: str, size: tuple[int, int] | None, limits: ImageLimits) -> ImageError:
+    shown = f"{size[0]}x{size[1]} pixels" if size else "far too many pixels"
+    return ImageError(
+        "image_too_many_pixels",
+        f"{what} is {shown}, over the limit of {limits.max_pixels:,}; resize it (a few megapixels is plenty)",
+    )
+
+
+def _broken(what: str, exc: BaseException) -> ImageError:
+    text = str(exc)
+    if "truncated" in text.lower() or isinstance(exc, EOFError):
+        return ImageError("truncated_image", f"{what} is truncated (the file ends early); send the whole file")
+    return ImageError("invalid_image", f"{what} cannot be decoded ({text or type(exc).__name__})")
+
+
+def _what(url: str) -> str:
+    if url.startswith("data:"):
+        return "the data: URI image"
+    return url if len(url) <= 80 else url[:77] + "..."

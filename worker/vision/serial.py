@@ -1,0 +1,146 @@
+"""The serial fallback: vision families we cannot batch safely run one request at a time, on mlx-vlm's own
+generation loop (`mlx_vlm.stream_generate`), correct rather than fast.
+
+Only Qwen2-VL and Qwen2.5-VL decode in mlx-lm's BatchGenerator (vision.BATCHED): their position state is a
+per-request RoPE delta we carry in the KV cache. Other families keep state on the model (or need glue we have
+not written and checked), so they run here: the same shard runner, results and accounting as the Engine, no
+prefix reuse (cached_tokens is 0), mlx-vlm's processor building the model inputs from the prompt text and the
+decoded pixels (never from a request's string: images are fetched and checked by vision_engine.ImageRef).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from omlx_jobs.errors import ErrorCode
+from omlx_jobs.jobs.params import OutputParams
+from omlx_jobs.worker.cache.prefix_cache import PrefixCache
+from omlx_jobs.worker.engine.loop import Control, Engine, EngineConfig
+from omlx_jobs.worker.engine.results import Choice, ItemResult, PlanTotals, RunStats
+from omlx_jobs.worker.engine.sequence import SequenceState, WorkItem
+from omlx_jobs.worker.engine.stopping import StopStrings, final_text
+from omlx_jobs.worker.extras.sampling import SamplerFactory
+from omlx_jobs.worker.models.loaded import LoadedModel, PromptError
+from omlx_jobs.worker.vision.engine import TemplatePrompt
+
+log = logging.getLogger(__name__)
+
+
+class SerialEngine:
+    """What the shard runner asks of an Engine, one request at a time on mlx-vlm."""
+
+    max_new_tokens = Engine.max_new_tokens
+    prefix_enabled = False
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
+        if loaded.vision is None:
+            raise ValueError("the serial engine runs vision models; text models run on Engine")
+        self.loaded, self.config = loaded, config or EngineConfig()
+        self.vm, self.tokenizer = loaded.vision, loaded.tokenizer
+        self.eos = frozenset() if self.config.ignore_eos else frozenset(self.tokenizer.eos_token_ids)
+        self.cache = PrefixCache(max_bytes=0)  # nothing is reused here; the shard runner reads its stats
+        self.samplers = SamplerFactory()
+        log.warning(
+            "%s (%s) does not batch here: its requests run one at a time on mlx-vlm (Qwen2-VL and Qwen2.5-VL batch)",
+            loaded.ref,
+            self.vm.model_type,
+        )
+
+    def check(self, tokens: Sequence[int], params: Any, output: OutputParams | None = None) -> None:
+        """Engine.check, less the extras mlx-vlm's loop cannot give (no logits processors of ours, no logprobs,
+        no prompt scores): a request that asks for one fails alone, never silently without it."""
+        if output is not None and output != OutputParams():
+            asked = {
+                "response_format": output.response_format is not None,
+                "logit_bias": bool(output.logit_bias),
+                "logprobs": output.logprobs,
+                "echo": output.echo,
+            }
+            raise PromptError(
+                ErrorCode.UNSUPPORTED_PARAMETER,
+                f"{', '.join(k for k, on in asked.items() if on)} cannot run on {self.vm.model_type}, which runs one "
+                "request at a time on mlx-vlm here; drop it, or use a Qwen2-VL / Qwen2.5-VL model",
+            )
+        Engine.check(self, tokens, params)  # type: ignore[arg-type]
+
+    def run(
+        self,
+        items: Iterable[WorkItem],
+        on_results: Callable[[list[ItemResult]], None],
+        control: Callable[[], Control] = lambda: Control.RUN,
+        *,
+        on_admit: Callable[[list[Any]], None] | None = None,
+        on_plan: Callable[[PlanTotals], None] | None = None,
+        page_size: int | None = None,
+    ) -> RunStats:
+        """Generate every item in input order (n choices each); stops between requests when control says so."""
+        started, work = time.perf_counter(), list(items)
+        total = sum(len(w.prompt) * w.params.n for w in work)
+        stats = RunStats(prompt_tokens=total, trie_min_tokens=total)
+        if on_plan is not None:
+            on_plan(PlanTotals(prompt_tokens=total, trie_min_tokens=total))
+        for i, item in enumerate(work):
+            if control() is not Control.RUN:
+                stats.unfinished = [w.key for w in work[i:]]
+                break
+            if on_admit is not None:
+                on_admit([item.key])
+            begun = time.time()
+            done = [self._generate(item, c, stats) for c in range(item.params.n)]
+            prompt_tokens = done[0][1]  # as the processor expanded it, image tokens included
+            stats.prefill_tokens += prompt_tokens * item.params.n
+            choices = [choice for choice, _ in done]
+            on_results([ItemResult(item.key, choices, prompt_tokens, 0, begun, time.time())])
+        stats.peak_live_items = 1 if work else 0
+        stats.seconds = time.perf_counter() - started
+        return stats
+
+    def _generate(self, item: WorkItem, choice: int, stats: RunStats) -> tuple[Choice, int]:
+        """One choice through mlx_vlm.stream_generate; stop strings and finish reasons as the Engine's."""
+        from mlx_vlm import stream_generate
+
+        params = item.params
+        text, pixels = self._inputs(item)
+        stops = StopStrings(params.stop, self.tokenizer.detokenizer) if params.stop else None
+        seq = SequenceState(0, choice, stops)
+        limit = self.max_new_tokens(len(item.prompt), params)
+        reason, prompt_tokens = "length", len(item.prompt)
+        tokenizer = self.vm.tokenizer
+        saved = tokenizer.stopping_criteria
+        # mlx-vlm stops at EOS without yielding it; here ends are ours to decide (ignore_eos, finish reasons).
+        tokenizer.stopping_criteria = lambda token: False
+        try:
+            stream = stream_generate(
+                self.vm.model,
+                self.vm.processor,
+                text,
+                image=pixels or None,
+                max_tokens=limit,
+                sampler=self.samplers.sampler(params, choice),
+                logits_processors=self.samplers.logits_processors(params) or None,
+            )
+            for step, out in enumerate(stream):
+                prompt_tokens = int(out.prompt_tokens)
+                token = int(out.token)
+                finish = "stop" if token in self.eos else ("length" if step + 1 >= limit else None)
+                stats.generation_tokens += 1
+                ended = seq.consume([token], finish)
+                if ended is not None:
+                    reason = ended
+                    break
+        finally:
+            tokenizer.stopping_criteria = saved
+        decoded = self.tokenizer.decode(seq.tokens)
+        if stops is not None:
+            decoded, reason = final_text(decoded, stops.stops, reason)
+        return Choice(decoded, reason, seq.generated, seq.tokens), prompt_tokens
+
+    def _inputs(self, item: WorkItem) -> tuple[str, Sequence[Any]]:
+        """The prompt's template text (one placeholder per image: the processor expands each), and the pixels."""
+        prompt = item.prompt
+        if not isinstance(prompt, TemplatePrompt):  # a completions prompt: text only
+            return self.tokenizer.decode(prompt.tokens, skip_special_tokens=False), []
+        return prompt.text, [im.pixels for im in prompt.images]
