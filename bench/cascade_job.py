@@ -23,6 +23,7 @@ decode), are printed for each, with the ratios.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -61,6 +62,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     from bench.models import load_bench_model
     from bench.prefix import Workload, run_batch_generate, run_ours
+    from omlx_jobs.defaults import Switches
     from omlx_jobs.worker.engine.loop import EngineConfig
 
     loaded = load_bench_model(args.model, dtype=args.dtype)
@@ -83,7 +85,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         ignore_eos=True,
         min_shared_tokens=args.min_shared_tokens,
         cache_memory=None,
-        cascade=args.child in ("cascade", "mxprefix"),
+        switches=dataclasses.replace(Switches.from_env(), cascade=args.child in ("cascade", "mxprefix")),
     )
     gpu = mx.default_device() == mx.gpu
     with tempfile.TemporaryDirectory() as tmp:

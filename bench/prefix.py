@@ -21,6 +21,7 @@ path generates the same number of tokens.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -183,6 +184,7 @@ def run_ours(loaded: Any, w: Workload, label: str, config: Any, workdir: Path, r
 
 
 def bench_workload(loaded: Any, w: Workload, args: argparse.Namespace, workdir: Path) -> list[Run]:
+    from omlx_jobs.defaults import Switches
     from omlx_jobs.worker.engine.loop import EngineConfig
 
     base = dict(
@@ -225,7 +227,8 @@ def bench_workload(loaded: Any, w: Workload, args: argparse.Namespace, workdir: 
             print(f"-- profile of omlx-jobs, cache unbounded, workload {w.name} (cumulative, top 30)")
             pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
         if "stock" in args.runs:
-            stock = EngineConfig(cache_memory=None, ragged_decode=False, **base)
+            no_kernel = dataclasses.replace(Switches.from_env(), ragged_decode=False)
+            stock = EngineConfig(cache_memory=None, switches=no_kernel, **base)
             keep(run_ours(loaded, w, "omlx-jobs, mlx-lm attention", stock, workdir, rep))
         if "capped" in args.runs:
             cap = max(1, unbounded.peak_cache_bytes // 4)

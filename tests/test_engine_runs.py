@@ -15,7 +15,8 @@ import mlx.core as mx
 import pytest
 
 from omlx_jobs.jobs.formats import COMPLETIONS_URL
-from omlx_jobs.worker.backend.model import DecodeBatch, RowSpec
+from omlx_jobs.worker.backend.decode import DecodeBatch
+from omlx_jobs.worker.backend.rows import RowSpec
 from omlx_jobs.worker.cache import disk as disk_cache
 from omlx_jobs.worker.cache.prefix_cache import Entry, Match
 from omlx_jobs.worker.engine.loop import Engine, EngineConfig, ItemResult, WorkItem

@@ -1,26 +1,22 @@
 """A cascade decode step (one query per row): the prefix levels and the rows' own suffixes, merged.
 
-Portable: one mx-ops graph per level structure and batch shape (cascade.softmax_v per level, merged by lse),
-compiled on GPUs. On CUDA, inside `kernel_enabled()`: the levels in cascade_prefix.py's tensor-core kernel (a level
-that every row continues goes to the suffix kernel in its parts; other layouts merge the parts first) and the
-rows' own suffixes in cascade_kernel.py's, which merges them with what the levels gave.
+Portable: one mx-ops graph per level structure and batch shape (parts.softmax_v per level, merged by lse),
+compiled on GPUs. With the CUDA kernels the options name: the levels in prefix_kernel.py's tensor-core kernel (a
+level that every row continues goes to the suffix kernel in its parts; other layouts merge the parts first) and
+the rows' own suffixes in suffix_kernel.py's, which merges them with what the levels gave.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Iterator, Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
 
-from omlx_jobs.worker.attention import cascade, fused, ragged
-from omlx_jobs.worker.attention import prefix_kernel as cascade_prefix
-from omlx_jobs.worker.attention import suffix_kernel as cascade_kernel
-from omlx_jobs.worker.attention.cascade import NEG_INF, Level, merge_pair, scatter_rows, softmax_v
-
-_state = threading.local()
+from omlx_jobs.worker.attention import fused, prefix_kernel, ragged
+from omlx_jobs.worker.attention.options import CascadeOptions, Graphs
+from omlx_jobs.worker.attention.parts import NEG_INF, Level, merge_pair, scatter_rows, softmax_v
 
 
 def decode(
@@ -32,30 +28,29 @@ def decode(
     mask: mx.array | None,
     start: mx.array | None,
     buffers: tuple[mx.array, mx.array] | None,
+    options: CascadeOptions,
 ) -> mx.array:
     """cascade.attention for one query per row (its arguments). One graph per level structure and batch shape
-    (compiled on GPUs); inside `kernel_enabled()` the own suffixes are merged in the CUDA kernel, and the levels
-    attended in the prefix kernel where it takes the dtype and head size."""
+    (compiled on GPUs); with options.suffix_kernel the own suffixes are merged in that kernel, and with
+    options.prefix_kernel the levels attended in it where it takes the dtype and head size."""
     b, h, _, _ = q.shape
-    if levels and start is not None and buffers is not None and fused.use_decode():
-        return fused.decode(q, *buffers, k.shape[2], start, levels, scale)
-    kernel = getattr(_state, "kernel", None)
+    if levels and start is not None and buffers is not None and options.fused_decode:
+        return fused.decode(q, *buffers, k.shape[2], start, levels, scale, rows_per_call=options.rows_per_call)
+    kernel = options.suffix_kernel
     if not (kernel is not None and levels and start is not None and ragged.supported(h, k.shape[1], q.shape[-1])):
         kernel = None
-    prefix = getattr(_state, "prefix", None) if kernel is not None else None
+    prefix = options.prefix_kernel if kernel is not None else None
     if prefix is not None and prefix_supported(q.dtype, h, k.shape[1], q.shape[-1]):
         if len(levels) == 1 and levels[0].rows is None:  # one level for every row: the kernel merges its parts
             return kernel(q, k, v, start, *prefix(q, levels[0].keys, levels[0].values, None, scale), scale)
-        return kernel(q, k, v, start, *_prefix_levels(q, levels, scale, prefix), scale)
+        return kernel(q, k, v, start, *_prefix_levels(q, levels, scale, prefix, options), scale)
     structure = tuple(lv.rows is not None for lv in levels)
-    step = _decode_step(k.shape[1], h // k.shape[1], scale, structure, kernel, batch_sizes(b, levels))
+    sizes = batch_sizes(b, levels)
+    step = _decode_step(k.shape[1], h // k.shape[1], scale, structure, kernel is None, sizes, options)
     own = [] if kernel is not None else [k, v, mask if mask is not None else mx.array(True)]
     flat = [x for lv in levels for x in (lv.keys, lv.values, lv.rows, lv.slot, lv.member) if x is not None]
     o, lse = step(q, *own, *flat)
     return o.astype(q.dtype) if kernel is None else kernel(q, k, v, start, o, lse, scale)
-
-
-_decode_steps: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
 
 def batch_sizes(batch: int, levels: Sequence[Level]) -> tuple[int, ...]:
@@ -64,7 +59,13 @@ def batch_sizes(batch: int, levels: Sequence[Level]) -> tuple[int, ...]:
 
 
 def _decode_step(
-    kv_heads: int, g: int, scale: float, structure: tuple[bool, ...], kernel: Any, sizes: tuple[int, ...] = ()
+    kv_heads: int,
+    g: int,
+    scale: float,
+    structure: tuple[bool, ...],
+    own: bool,
+    sizes: tuple[int, ...],
+    options: CascadeOptions,
 ) -> Callable[..., tuple[mx.array, mx.array]]:
     """The decode step's attention for one level structure: one call (and, compiled, a few fused kernels).
 
@@ -72,21 +73,11 @@ def _decode_step(
     0.32.4's shapeless compile keeps an unflatten's shape from the first call, so a step compiled for one batch
     gave another batch wrong rows. Compiled once per batch shape, it still follows the suffixes as they grow.
     """
-    compiled = cascade.compiling()
+    compiled = options.compiling
     base2 = not compiled and mx.default_device() == mx.cpu
-    key = (kv_heads, g, scale, structure, kernel is None, compiled, base2, sizes if compiled else ())
-    return _memoised(_decode_steps, key, lambda: _decode_graph(kv_heads, g, scale, structure, kernel is None, base2))
-
-
-def _memoised(memo: dict[tuple[Any, ...], Callable[..., Any]], key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
-    """memo[key], built (and compiled shapeless on GPUs) the first time; bounded, as batches of ever new level
-    structures and shapes would grow it."""
-    fn = memo.get(key)
-    if fn is None:
-        if len(memo) >= 256:
-            memo.clear()
-        fn = memo[key] = mx.compile(build(), shapeless=True) if cascade.compiling() else build()
-    return fn
+    key = (kv_heads, g, scale, structure, own, compiled, base2, sizes if compiled else ())
+    build = functools.partial(_decode_graph, kv_heads, g, scale, structure, own, base2)
+    return Graphs.get(options.graphs.decode_steps, key, build, compiled)
 
 
 def _decode_graph(
@@ -121,20 +112,22 @@ def _decode_graph(
 
 
 def _prefix_levels(
-    q: mx.array, levels: Sequence[Level], scale: float, prefix: Callable[..., tuple[mx.array, mx.array]]
+    q: mx.array,
+    levels: Sequence[Level],
+    scale: float,
+    prefix: Callable[..., tuple[mx.array, mx.array]],
+    options: CascadeOptions,
 ) -> tuple[mx.array, mx.array]:
-    """The levels' merged (o [B, H, 1, D], lse [B, H, 1]) from `prefix` (cascade_prefix.prefix_decode's contract)."""
+    """The levels' merged (o [B, H, 1, D], lse [B, H, 1]) from `prefix` (prefix_kernel.prefix_decode's contract)."""
     flat, structure = [], []
     for lv in levels:
         o, lse = prefix(q, lv.keys, lv.values, lv.rows, scale)
         flat += [o, lse, *((lv.slot, lv.member) if lv.rows is not None else ())]
         structure.append((lv.rows is not None, o.shape[0] == 1))
     # Keyed on the head count and size too: mlx 0.32.4's shapeless compile keeps a gather's (mx.take's) slice shape.
-    key = (tuple(structure), q.shape[1], q.shape[3], cascade.compiling())
-    return _memoised(_merges, key, lambda: _merge_levels(tuple(structure)))(*flat)
-
-
-_merges: dict[tuple[Any, ...], Callable[..., Any]] = {}
+    compiled = options.compiling
+    key = (tuple(structure), q.shape[1], q.shape[3], compiled)
+    return Graphs.get(options.graphs.merges, key, lambda: _merge_levels(tuple(structure)), compiled)(*flat)
 
 
 def _merge_levels(structure: tuple[tuple[bool, bool], ...]) -> Callable[..., tuple[mx.array, mx.array]]:
@@ -172,26 +165,4 @@ def _merge_splits(o: mx.array, lse: mx.array) -> tuple[mx.array, mx.array]:
 
 
 def prefix_supported(dtype: Any, heads: int, kv_heads: int, dim: int) -> bool:
-    return cascade_prefix.supported(dtype, heads, kv_heads, dim)
-
-
-@contextlib.contextmanager
-def kernel_enabled(
-    kernel: Callable[..., mx.array] | None = None, prefix: Callable[..., tuple[mx.array, mx.array]] | None = None
-) -> Iterator[None]:
-    """Merge decode steps' suffixes in `kernel` and attend their prefix levels in `prefix` while the block runs.
-
-    Defaults: the CUDA kernels (cascade_kernel.suffix_decode; cascade_prefix.prefix_decode where it takes the
-    dtype and head size, unless cascade_prefix.ENABLED is off: then the levels are mx ops). Outside the block, and
-    for prefill chunks, cascade attention is mx ops. Tests pass the kernels' mx-ops references.
-    """
-    if kernel is None:
-        kernel = cascade_kernel.suffix_decode
-        if prefix is None and cascade_prefix.ENABLED:
-            prefix = cascade_prefix.prefix_decode
-    previous = getattr(_state, "kernel", None), getattr(_state, "prefix", None)
-    _state.kernel, _state.prefix = kernel, prefix
-    try:
-        yield
-    finally:
-        _state.kernel, _state.prefix = previous
+    return prefix_kernel.supported(dtype, heads, kv_heads, dim)

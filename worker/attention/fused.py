@@ -5,7 +5,7 @@ their log-sum-exp. mlx's fused attention returns no log-sum-exp, so here the par
 exact without a merge:
 - prefill (`prefill`): a window whose rows all continue the same levels attends to the levels' keys (broadcast
   to the rows, for this layer only) followed by its own keys;
-- decode (`decode`): the rows go along the query axis. A block of ROWS_PER_CALL rows attends, in one call, to
+- decode (`decode`): the rows go along the query axis. A block of `rows_per_call` rows attends, in one call, to
   the levels followed by the block's own suffixes laid end to end, and the mask lets each row see the levels it
   continues and its own suffix only. The levels are read once per block instead of once per row, and on CUDA
   the call is cuDNN's flash attention (tensor cores) where the mx-ops path writes and reads score matrices.
@@ -17,41 +17,24 @@ The cache holds one copy of each level either way.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-if TYPE_CHECKING:
-    from omlx_jobs.worker.attention.cascade import Level
-
-FUSED_PREFILL = os.environ.get("OMLX_JOBS_CASCADE_FUSED_PREFILL", "auto")
-"""Prefill chunks of one prefix group through mlx's fused attention: "auto" on GPUs, "1" everywhere, "0" never."""
-
-FUSED_DECODE = os.environ.get("OMLX_JOBS_CASCADE_FUSED_DECODE", "0")
-"""Decode steps through mlx's fused attention: "1" everywhere, "0" never (the default: cascade.py's mx ops and, on
-CUDA, its kernel were faster on an H200, bench/RESULTS.md; Metal is untested)."""
-
-ROWS_PER_CALL = 32
-"""Rows per block of a decode call: each row reads the other rows' own keys of its block too (masked), so more
-rows per block cost compute, fewer cost reads of the levels."""
+from omlx_jobs import defaults
+from omlx_jobs.defaults import Mode
+from omlx_jobs.worker.attention.options import mode_on
+from omlx_jobs.worker.attention.parts import Level
 
 OWN_BUCKET = 64
-"""Own-suffix positions are passed in pieces of this many (cascade_cache.OWN_STEP), so shapes change rarely."""
+"""Own-suffix positions are passed in pieces of this many (backend/cascade_cache.OWN_STEP), so shapes change
+rarely."""
 
 
-def use_prefill(levels: Sequence[Level]) -> bool:
-    """Whether a prefill chunk goes through `prefill`: on GPUs (or when forced), when every row continues every
-    level (the rows of one prefix group: what a prefill window holds)."""
-    if FUSED_PREFILL == "0" or not all(lv.rows is None for lv in levels):
-        return False
-    return FUSED_PREFILL == "1" or mx.default_device() != mx.cpu
-
-
-def use_decode() -> bool:
-    """Whether decode steps go through `decode` (see FUSED_DECODE)."""
-    return FUSED_DECODE == "1"
+def use_prefill(levels: Sequence[Level], mode: Mode) -> bool:
+    """Whether a prefill chunk goes through `prefill` (Switches.cascade_fused_prefill: "auto" on GPUs): when every
+    row continues every level (the rows of one prefix group: what a prefill window holds)."""
+    return all(lv.rows is None for lv in levels) and mode_on(mode)
 
 
 def prefill(
@@ -80,15 +63,18 @@ def decode(
     start: mx.array,
     levels: Sequence[Level],
     scale: float,
+    *,
+    rows_per_call: int = defaults.FUSED_ROWS_PER_CALL,
 ) -> mx.array:
     """One decode step: q [B, H, 1, D] of every row against its levels and its own suffix, in q's dtype.
 
     own_keys, own_values: the own-suffix buffers [B, kv_heads, >= length, D]; row r's own keys are positions
-    start[r] .. length - 1 (left-padded, as mlx-lm's BatchKVCache keeps them).
+    start[r] .. length - 1 (left-padded, as mlx-lm's BatchKVCache keeps them). Rows go in blocks of
+    `rows_per_call` (Switches.fused_rows_per_call).
     """
     b, h, _, d = q.shape
     kv_heads = own_keys.shape[1]
-    rows = min(ROWS_PER_CALL, -(-b // 8) * 8)
+    rows = min(rows_per_call, -(-b // 8) * 8)
     blocks = -(-b // rows)
     pad = blocks * rows - b
     s = min(own_keys.shape[2], -(-length // OWN_BUCKET) * OWN_BUCKET)

@@ -18,17 +18,14 @@ bench/cascade_step.py's check on the GPU.
 from __future__ import annotations
 
 import math
-import os
 import re
 from typing import Any
 
 import mlx.core as mx
 
-from omlx_jobs.worker.attention.cascade import NEG_INF, attend
+from omlx_jobs.worker.attention.parts import NEG_INF, attend
 from omlx_jobs.worker.attention.ragged import cuda_kernel
 
-ENABLED = os.environ.get("OMLX_JOBS_CASCADE_PREFIX_KERNEL", "1") != "0"
-"""Attend the prefix levels of CUDA decode steps in this kernel; OMLX_JOBS_CASCADE_PREFIX_KERNEL=0: in mx ops."""
 HEAD_DIMS = frozenset({64, 96, 128})
 DTYPES = (mx.bfloat16, mx.float16)
 KEY_TILE = 32
@@ -259,13 +256,13 @@ def supported(dtype: Any, heads: int, kv_heads: int, dim: int) -> bool:
     return dtype in DTYPES and dim in HEAD_DIMS and heads % kv_heads == 0
 
 
-def splits(queries: int, kv_heads: int, keys: int) -> int:
-    """How many parts a level's keys are split into: enough blocks for the GPU, at least MIN_SPLIT keys each.
+def splits(queries: int, kv_heads: int, keys: int, min_split: int = MIN_SPLIT) -> int:
+    """How many parts a level's keys are split into: enough blocks for the GPU, at least `min_split` keys each.
 
     A part is a whole number of key tiles (`part_length`), so no more parts than those that hold keys.
     """
     tiles = math.ceil(queries / (16 * _WARPS)) * kv_heads
-    parts = max(1, min(math.ceil(TARGET_BLOCKS / tiles), math.ceil(keys / MIN_SPLIT)))
+    parts = max(1, min(math.ceil(TARGET_BLOCKS / tiles), math.ceil(keys / min_split)))
     return math.ceil(keys / part_length(keys, parts)) if keys else 1
 
 
@@ -337,14 +334,15 @@ def _compact(source: str) -> str:
 
 
 def prefix_decode_reference(
-    q: mx.array, keys: mx.array, values: mx.array, rows: mx.array | None, scale: float
+    q: mx.array, keys: mx.array, values: mx.array, rows: mx.array | None, scale: float, min_split: int = MIN_SPLIT
 ) -> tuple[mx.array, mx.array]:
-    """What prefix_decode computes, with mx ops (any device): the same splits of the keys."""
+    """What prefix_decode computes, with mx ops (any device): the same splits of the keys (tests split shorter
+    levels with a smaller `min_split`)."""
     if rows is not None:
         q = mx.take(q, rows, axis=0)
     r, heads, _, dim = q.shape
     kv_heads, length = keys.shape[1], keys.shape[2]
-    parts = splits(r * (heads // kv_heads), kv_heads, length)
+    parts = splits(r * (heads // kv_heads), kv_heads, length, min_split)
     step = part_length(length, parts)
     outs, lses = [], []
     for s in range(parts):

@@ -6,26 +6,18 @@ each row at its first real key instead, so it needs no mask: on an H200, one dec
 over 1,056 cached tokens takes 17.8 ms instead of 24.8 ms at batch 32, and 25.5 ms instead of 59.0 ms at
 batch 128 (bench/decode_step.py, bench/RESULTS.md).
 
-Used only while `enabled()` is active (the engine's run), only on CUDA, and only by model types whose
-attention hands mlx-lm's mask and cache straight to `scaled_dot_product_attention`: everything else takes
-mlx-lm's own path unchanged.
+Used only where the routing a backend made active names it (on CUDA, unless OMLX_JOBS_RAGGED_DECODE=0:
+routing.py), and only by model types whose attention hands mlx-lm's mask and cache straight to
+`scaled_dot_product_attention`: everything else takes mlx-lm's own path unchanged.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import sys
-import threading
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache
 
-# Checked for mlx-lm 0.32.2: one mask for every layer, passed with the cache to base's
-# scaled_dot_product_attention, no sliding windows or sinks.
-MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 HEAD_DIMS = frozenset({64, 96, 128, 256})
 _WARPS = 8  # 256 threads: room for 255 registers each (the G query heads are kept in registers)
 
@@ -104,13 +96,12 @@ _SOURCE = """
 
 _kernel: Any = None
 _scales: dict[float, mx.array] = {}  # one small device array per model scale, not one per layer call
-_state = threading.local()
 
 
 def available() -> bool:
     """True where the kernel can run: mlx's CUDA backend is the default device.
 
-    Whether to use it is EngineConfig.ragged_decode's (OMLX_JOBS_RAGGED_DECODE=0 sets its default off)."""
+    Whether to use it is Switches.ragged_decode's (OMLX_JOBS_RAGGED_DECODE=0 turns it off)."""
     try:
         return bool(mx.cuda.is_available()) and mx.default_device() == mx.gpu
     except AttributeError:
@@ -170,77 +161,3 @@ def ragged_reference(q: mx.array, k: mx.array, v: mx.array, start: mx.array, sca
     """What ragged_decode computes, with mlx ops and a mask (any device; for tests)."""
     mask = (mx.arange(k.shape[2])[None] >= start[:, None])[:, None, None, :]
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
-
-
-@contextlib.contextmanager
-def enabled(kernel: Callable[..., mx.array] | None = None) -> Iterator[None]:
-    """Route eligible decode attention through `kernel` (default: the CUDA kernel) while the block runs."""
-    previous = getattr(_state, "kernel", None)
-    _state.kernel = kernel or ragged_decode
-    try:
-        yield
-    finally:
-        _state.kernel = previous
-
-
-def route(
-    original: Callable[..., mx.array],
-    queries: mx.array,
-    keys: mx.array,
-    values: mx.array,
-    cache: Any,
-    scale: float,
-    mask: Any,
-    sinks: Any = None,
-) -> mx.array:
-    """The kernel inside `enabled()` where it applies, else `original` (mlx-lm's call, or the one it wraps). Also
-    called by cascade.py for a batch with no prefix level, whichever of the two wrappers was installed first."""
-    kernel = getattr(_state, "kernel", None)
-    if (
-        kernel is not None
-        and type(cache) is BatchKVCache  # not a subclass: rotating caches keep keys in another order
-        and sinks is None
-        and queries.shape[2] == 1
-        and supported(queries.shape[1], keys.shape[1], queries.shape[-1])
-        and (mask is None or isinstance(mask, mx.array))
-    ):
-        return kernel(queries, keys, values, cache.left_padding, scale)
-    return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
-
-
-def install(model: Any) -> bool:
-    """Wrap the model module's scaled_dot_product_attention (once); False if this model type is not eligible."""
-    return wrap(model, "_omlx_ragged", route)
-
-
-def wrap(model: Any, marker: str, routing: Callable[..., mx.array]) -> bool:
-    """Replace the model module's scaled_dot_product_attention by `routing(original, queries, keys, values, cache,
-    scale, mask, sinks)`, once per `marker` (found under other wrappers too: attention.py, cascade.py and
-    cpu_prefill.py stack theirs in any order); False if the model type's attention is not one of MODEL_TYPES'."""
-    if getattr(model, "model_type", None) not in MODEL_TYPES:
-        return False
-    module = sys.modules.get(type(model).__module__)
-    original = getattr(module, "scaled_dot_product_attention", None)
-    if module is None or original is None:
-        return False
-    wrapped = original
-    while wrapped is not None:
-        if getattr(wrapped, marker, False):
-            return True
-        wrapped = getattr(wrapped, "__wrapped__", None)
-
-    def scaled_dot_product_attention(
-        queries: mx.array,
-        keys: mx.array,
-        values: mx.array,
-        cache: Any,
-        scale: float,
-        mask: Any,
-        sinks: Any = None,
-    ) -> mx.array:
-        return routing(original, queries, keys, values, cache, scale, mask, sinks)
-
-    setattr(scaled_dot_product_attention, marker, True)
-    scaled_dot_product_attention.__wrapped__ = original  # type: ignore[attr-defined]
-    module.scaled_dot_product_attention = scaled_dot_product_attention
-    return True

@@ -17,7 +17,7 @@ from typing import Any
 import mlx.core as mx
 
 from omlx_jobs.worker.attention import ragged
-from omlx_jobs.worker.attention.cascade import attend, merge
+from omlx_jobs.worker.attention.parts import attend, merge
 
 _SOURCE = """
     // One block per (row, kv head), as the ragged kernel: WARPS warps take every WARPS-th key of the row's own

@@ -10,9 +10,9 @@ all its rows, and the batch holds one copy of it.
 Each entry a row references is pinned (lifetimes.py, through the prefix cache) from the row's insertion until
 it finishes or is removed, so the cache never evicts what a row still reads and its byte count stays honest.
 
-Levels shorter than MIN_LEVEL_TOKENS are not worth an attention call each per layer and step: such a cut is
-skipped (the next level starts earlier), and a short tail after the last level is copied into the row's own
-tokens instead (a few positions, exact).
+Levels shorter than Switches.min_level_tokens (32) are not worth an attention call each per layer and step:
+such a cut is skipped (the next level starts earlier), and a short tail after the last level is copied into the
+row's own tokens instead (a few positions, exact).
 """
 
 from __future__ import annotations
@@ -23,21 +23,19 @@ from typing import Any
 
 from mlx_lm.models.cache import KVCache
 
-from omlx_jobs.worker.attention import cascade_decode
+from omlx_jobs import defaults
 from omlx_jobs.worker.backend.cascade_cache import SharedPrefixes, row_caches
-from omlx_jobs.worker.backend.model import DecodeBatch, ModelBackend, RowOutput, RowSpec, Timings
+from omlx_jobs.worker.backend.decode import BatchOwner, DecodeBatch
+from omlx_jobs.worker.backend.rows import RowOutput, RowSpec, Timings
 from omlx_jobs.worker.cache.lifetimes import Hold
 from omlx_jobs.worker.cache.prefix_cache import Entry, Match, PrefixCache
-
-MIN_LEVEL_TOKENS = 32
 
 
 class PrefixLevels:
     """The prefix levels a batch's rows reference, one object per (entry, token range), and the pins behind them."""
 
-    def __init__(self, cache: PrefixCache, layers: int, min_level: int | None = None) -> None:
-        self.cache, self.layers = cache, layers
-        self.min_level = MIN_LEVEL_TOKENS if min_level is None else min_level
+    def __init__(self, cache: PrefixCache, layers: int, min_level: int = defaults.CASCADE_MIN_LEVEL_TOKENS) -> None:
+        self.cache, self.layers, self.min_level = cache, layers, min_level
         self._levels = SharedPrefixes()
         self._users: Counter[bytes] = Counter()  # rows referencing levels cut from each entry
 
@@ -94,13 +92,13 @@ class CascadeBatch(DecodeBatch):
     """A DecodeBatch whose rows reference their cached prefixes (every row has a cascade cache, some an empty
     chain: mlx-lm merges the caches of a batch by the first row's type)."""
 
-    def __init__(self, backend: ModelBackend, cache: PrefixCache) -> None:
+    def __init__(
+        self, backend: BatchOwner, cache: PrefixCache, min_level: int = defaults.CASCADE_MIN_LEVEL_TOKENS
+    ) -> None:
         super().__init__(backend)
-        self.levels = PrefixLevels(cache, len(backend.model.layers))
+        self.levels = PrefixLevels(cache, len(backend.model.layers), min_level)
         self._holds: dict[int, list[Hold]] = {}
         self._taken: list[list[Hold]] = []
-        if backend.ragged:  # CUDA: the rows' own suffixes in the cascade kernel
-            self._closing.enter_context(cascade_decode.kernel_enabled())
 
     def insert(self, rows: Sequence[RowSpec]) -> list[int]:
         self._taken = []

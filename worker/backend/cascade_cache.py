@@ -21,11 +21,11 @@ BatchGenerator works with it unchanged: `CascadeKVCache.merge` (classmethod) tur
 methods its PromptProcessingBatch and GenerationBatch call. Every row of one BatchGenerator must use this class
 (a row without shared prefix has an empty chain): mlx-lm merges and extends caches of the first row's type.
 
-Use, for a model where cascade.eligible() holds: attention.install (on CUDA) then cascade.install; per row,
+Use, for a model where attention/routing.cascade_eligible() holds, with routing.install done; per row,
 `row_caches(levels.chain(path), layers)` as its `caches` (path: the cached entries along its trie path, see
 SharedPrefixes.chain), its uncached tokens as its prompt. The batch references an entry's arrays as long as a
 row that continues it is in the BatchGenerator; pin the entry once per such row, unpin when the row finishes or
-is removed, so the prefix cache's byte count matches what is held.
+is removed, so the prefix cache's byte count matches what is held (cascade_batch.PrefixLevels does).
 """
 
 from __future__ import annotations
@@ -36,10 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.models.cache import BatchKVCache, KVCache, _BaseCache
 
-from omlx_jobs.worker.attention.cascade import Level
-from omlx_jobs.worker.backend.model import BaseCache, filter_own, own_length
+from omlx_jobs.worker.attention.parts import Level
 
 OWN_STEP = 64
 """Positions the own-suffix cache grows by (mlx-lm's BatchKVCache: 256). Own suffixes are short (a question and
@@ -169,7 +168,29 @@ def _same_filter(a: tuple[Any, int, int], b: tuple[Any, int, int]) -> bool:
     return a[0] is b[0] and a[1:] == b[1:]
 
 
-class CascadeKVCache(BaseCache):
+def own_length(cache: BatchKVCache) -> int:
+    """The positions a BatchKVCache holds (its rows end there, left-padded)."""
+    return int(cache._idx)
+
+
+def filter_own(cache: BatchKVCache, keep: list[int], shift: int | None) -> int:
+    """BatchKVCache.filter (mlx-lm 0.32.2) with the left padding to drop given, or read from the device when None
+    (what mlx-lm does for every layer); returns it. For the own-suffix caches here."""
+    if cache.keys is not None:
+        cache.keys, cache.values = cache.keys[keep], cache.values[keep]
+    cache.offset = cache.offset[keep]
+    cache.left_padding = cache.left_padding[keep]
+    if shift is None:
+        shift = min(cache.left_padding.tolist())
+    if shift > 0:
+        if cache.keys is not None:
+            cache.keys, cache.values = cache.keys[..., shift:, :], cache.values[..., shift:, :]
+        cache._idx -= shift
+        cache.left_padding -= shift
+    return shift
+
+
+class CascadeKVCache(_BaseCache):  # type: ignore[misc]
     """One layer's cache for a batch of rows that continue shared prefix levels and hold only their own suffix."""
 
     def __init__(self, chains: list[tuple[Segment, ...]], own: BatchKVCache) -> None:

@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omlx_jobs import defaults
+from omlx_jobs.defaults import Switches
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.formats import SamplingParams
 from omlx_jobs.jobs.params import OutputParams
-from omlx_jobs.worker.backend.model import Batch, ModelBackend, RowOutput, RowSpec
+from omlx_jobs.worker.backend.model import ModelBackend
+from omlx_jobs.worker.backend.rows import Batch, RowOutput, RowSpec
 from omlx_jobs.worker.cache.disk import DiskCache
 from omlx_jobs.worker.cache.prefix_cache import PrefixCache
 from omlx_jobs.worker.engine import faults
@@ -60,12 +62,9 @@ class EngineConfig:
     cache_dir_bytes: int = defaults.CACHE_DIR_BYTES
     ignore_eos: bool = False
     """Generate max_tokens every time (for benchmarks)."""
-    ragged_decode: bool = field(default_factory=defaults.ragged_decode)
-    """On CUDA, decode attention without mlx-lm's padding mask (worker/attention.py); no effect elsewhere.
-    Defaults to on unless OMLX_JOBS_RAGGED_DECODE=0."""
-    cascade: bool = field(default_factory=defaults.cascade)
-    """Rows reference their cached prefix instead of copying it, where the model allows (worker/cascade_batch.py).
-    Defaults to on unless OMLX_JOBS_CASCADE=0."""
+    switches: Switches = field(default_factory=Switches.from_env)
+    """The engine's switches (cascade attention, the CUDA kernels, CPU prefill, ...): read from the environment
+    when a config is made, unless given (defaults.Switches)."""
 
     def __post_init__(self) -> None:
         if self.completion_batch_size < 1 or self.prefill_batch_size < 1 or self.prefill_step_size < 1:
@@ -110,11 +109,8 @@ class Engine:
             batch_size=cfg.completion_batch_size,
             prefill_batch_size=cfg.prefill_batch_size,
             prefill_step=cfg.prefill_step_size,
+            switches=cfg.switches,
         )
-        if cfg.ragged_decode:
-            self.backend.use_ragged_decode()
-        if cfg.cascade:
-            self.backend.use_cascade()
         self.cache = PrefixCache(
             max_bytes=cfg.cache_memory, trimmable=self.backend.trimmable, bucket_tokens=cfg.min_shared_tokens
         )
@@ -123,7 +119,7 @@ class Engine:
             if cfg.cache_dir and cfg.prefix_cache and self.backend.reusable
             else None
         )
-        self.outputs = Outputs(loaded, self.cache)
+        self.outputs = Outputs(loaded, self.cache, self.backend.prefill_routing)
         self.backend.step_logits = self.outputs.step_logits  # grammar masks and biases: one call per step
         self.warmups = WarmUps(
             self.backend, self.cache, self.disk, batch_size=cfg.prefill_batch_size, min_tokens=cfg.min_shared_tokens

@@ -21,6 +21,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from omlx_jobs.worker.attention import routing
+from omlx_jobs.worker.attention.options import Routing
 from omlx_jobs.worker.cache import kv
 from omlx_jobs.worker.cache.prefix_cache import Match, PrefixCache
 from omlx_jobs.worker.extras.prompt_logprobs import PromptLogprobs, prompt_logprobs
@@ -67,8 +69,10 @@ class PromptScores:
 class EchoScorer:
     """Prompt logprobs for echo: the kept scores, and the model passes that compute the missing ones."""
 
-    def __init__(self, model: Any, cache: PrefixCache) -> None:
+    def __init__(self, model: Any, cache: PrefixCache, routing: Routing | None = None) -> None:
         self.model, self.cache = model, cache
+        self.routing = routing or Routing()
+        """The attention routing its passes run by (the backend's prefill routing)."""
         self.scores = PromptScores()
         self.tokens_run = 0
         """Prompt tokens run through the model by request scoring (warm-ups count their own)."""
@@ -97,11 +101,11 @@ class EchoScorer:
                 whole.append(i)
                 continue
             prefix = (kv.view(base.entry.value, base.entry.tokens, s), base.entry.logits)
-            ((rest, last, caches),) = prompt_logprobs(self.model, [list(tokens[s:])], prefix=prefix, return_caches=True)
+            ((rest, last, caches),) = self._passes([list(tokens[s:])], prefix=prefix, return_caches=True)
             self.scores.add(key, known[0].head(s).concat(rest))
             out[i] = (caches, last, len(tokens) - s)
         if whole:
-            runs = prompt_logprobs(self.model, [list(tasks[i][1]) for i in whole], return_caches=True)
+            runs = self._passes([list(tasks[i][1]) for i in whole], return_caches=True)
             for i, (scores, last, caches) in zip(whole, runs, strict=True):
                 self.scores.add(tasks[i][0], scores)
                 out[i] = (caches, last, len(tasks[i][1]))
@@ -122,9 +126,7 @@ class EchoScorer:
         for match, known, todo in groups.values():
             caches = kv.view(match.entry.value, match.entry.tokens, match.length)
             rows = list(todo.values())
-            runs = prompt_logprobs(
-                self.model, [p.tokens[match.length :] for p in rows], prefix=(caches, match.entry.logits)
-            )
+            runs = self._passes([p.tokens[match.length :] for p in rows], prefix=(caches, match.entry.logits))
             for p, (rest, _, _) in zip(rows, runs, strict=True):
                 self.scores.add(p.key, known.head(match.length).concat(rest))
                 self._owed[p.key] = len(p) - match.length
@@ -172,8 +174,13 @@ class EchoScorer:
             return None
         return match
 
+    def _passes(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """prompt_logprobs through this model, by the backend's attention routing."""
+        with routing.active(self.routing):
+            return prompt_logprobs(self.model, *args, **kwargs)
+
     def _run(self, tokens: Sequence[int], caches: list[Any] | None, logits: Any = None) -> PromptLogprobs:
         prefix = (caches, logits) if caches is not None else None
-        ((scores, _, _),) = prompt_logprobs(self.model, [list(tokens)], prefix=prefix)
+        ((scores, _, _),) = self._passes([list(tokens)], prefix=prefix)
         self.tokens_run += len(tokens)
         return scores

@@ -22,6 +22,7 @@ from typing import Any
 import mlx.core as mx
 
 from omlx_jobs.jobs.params import OutputParams
+from omlx_jobs.worker.attention.options import Routing
 from omlx_jobs.worker.cache.prefix_cache import PrefixCache
 from omlx_jobs.worker.engine.scheduler import Window
 from omlx_jobs.worker.engine.warmup import WarmUps
@@ -84,11 +85,11 @@ class ChoiceOutputs:
 class Outputs:
     """One per engine: the grammar tokenizer and compiled grammars (built on first use), token pieces, scores."""
 
-    def __init__(self, loaded: LoadedModel, cache: PrefixCache) -> None:
+    def __init__(self, loaded: LoadedModel, cache: PrefixCache, routing: Routing | None = None) -> None:
         self.loaded, self.cache = loaded, cache
         self._width: int | None = None
         self._grammar: tuple[GrammarTokenizer, GrammarCache, TokenPieces] | None = None
-        self.echo = EchoScorer(loaded.model, cache)
+        self.echo = EchoScorer(loaded.model, cache, routing or Routing())
         self._batch: BatchLogits | None = None
 
     @property
