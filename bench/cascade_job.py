@@ -63,7 +63,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     from bench.models import load_bench_model
     from bench.prefix import Workload, run_batch_generate, run_ours
     from omlx_jobs.defaults import Switches
-    from omlx_jobs.worker.engine.loop import EngineConfig
+    from omlx_jobs.worker.engine.config import EngineConfig
 
     loaded = load_bench_model(args.model, dtype=args.dtype)
     mx.eval(loaded.model.parameters())

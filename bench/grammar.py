@@ -312,7 +312,9 @@ def engine_rounds(loaded: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Decode tok/s through the engine, unconstrained against json_schema, over alternating rounds."""
     from omlx_jobs.jobs.formats import CHAT_URL, SamplingParams, parse_line
     from omlx_jobs.jobs.params import OutputParams
-    from omlx_jobs.worker.engine.loop import Engine, EngineConfig, WorkItem
+    from omlx_jobs.worker.engine.config import EngineConfig
+    from omlx_jobs.worker.engine.loop import Engine
+    from omlx_jobs.worker.engine.sequence import WorkItem
 
     config = EngineConfig(completion_batch_size=args.batch, prefix_cache=False, ignore_eos=args.ignore_eos)
     engine = Engine(loaded, config)

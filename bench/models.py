@@ -76,7 +76,7 @@ def random_qwen3(shape: str, dtype: str | None = None) -> Any:
 
 
 def load_bench_model(spec: str, dtype: str | None = None) -> Any:
-    from omlx_jobs.worker.models.loaded import load
+    from omlx_jobs.worker.loading import load
 
     if spec == "tiny":
         from tests.tiny_model import build_tiny_model

@@ -185,7 +185,7 @@ def run_ours(loaded: Any, w: Workload, label: str, config: Any, workdir: Path, r
 
 def bench_workload(loaded: Any, w: Workload, args: argparse.Namespace, workdir: Path) -> list[Run]:
     from omlx_jobs.defaults import Switches
-    from omlx_jobs.worker.engine.loop import EngineConfig
+    from omlx_jobs.worker.engine.config import EngineConfig
 
     base = dict(
         completion_batch_size=args.batch_size,

@@ -166,9 +166,11 @@ def run_engine(loaded: Any, job: Job, batch: int, prefix_cache: bool, features: 
     import base64
 
     from omlx_jobs.jobs.formats import CHAT_URL, SamplingParams
-    from omlx_jobs.worker.engine.loop import Engine, EngineConfig, WorkItem
-    from omlx_jobs.worker.vision.engine import ImageMemo
+    from omlx_jobs.worker.engine.config import EngineConfig
+    from omlx_jobs.worker.engine.loop import Engine
+    from omlx_jobs.worker.engine.sequence import WorkItem
     from omlx_jobs.worker.vision.feature_cache import FeatureCache
+    from omlx_jobs.worker.vision.media import ImageMemo
 
     vm = loaded.vision
     vm.features = FeatureCache() if features else FeatureCache(max_bytes=0)
@@ -297,7 +299,7 @@ def main() -> None:
     n_images, per_image = (4, 4) if args.quick else (8, 8)
     max_tokens = args.max_tokens or (8 if args.quick else 16)
     job = make_job(side, max_tokens, n_images, per_image)
-    from omlx_jobs.worker.vision.engine import loaded_vision
+    from omlx_jobs.worker.vision.loaded import loaded_vision
 
     loaded = loaded_vision(vm, args.model)
     b = args.batch_size

@@ -17,8 +17,11 @@ from omlx_jobs.defaults import Switches
 from omlx_jobs.worker.attention import ragged as attention
 from omlx_jobs.worker.attention import routing
 from omlx_jobs.worker.attention.options import Routing
-from omlx_jobs.worker.engine.loop import Engine, EngineConfig, WorkItem
-from omlx_jobs.worker.models.loaded import LoadedModel, load
+from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.loop import Engine
+from omlx_jobs.worker.engine.sequence import WorkItem
+from omlx_jobs.worker.loading import load
+from omlx_jobs.worker.models.loaded import LoadedModel
 from tests.test_engine import greedy, mixed_prompts, run
 from tests.tiny_model import build_tiny_model
 

@@ -164,7 +164,8 @@ def test_accepted_files(case: dict[str, Any], tmp_path: Path, store: Store) -> N
 
 @pytest.fixture(scope="module")
 def engine(tiny_loaded):  # type: ignore[no-untyped-def]
-    from omlx_jobs.worker.engine.loop import Engine, EngineConfig
+    from omlx_jobs.worker.engine.config import EngineConfig
+    from omlx_jobs.worker.engine.loop import Engine
 
     return Engine(tiny_loaded, EngineConfig(completion_batch_size=4, prefill_batch_size=4))
 
@@ -172,7 +173,7 @@ def engine(tiny_loaded):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("case", _cases("runtime"))
 def test_runtime_check_names_the_request(case: dict[str, Any], tmp_path: Path, engine) -> None:  # type: ignore[no-untyped-def]
     from omlx_jobs.jobs.formats import SamplingParams
-    from omlx_jobs.worker.models.loaded import PromptError
+    from omlx_jobs.worker.prompts import PromptError
 
     with open(_input(case, tmp_path), "rb") as f:
         requests = list(parse_stream(f))

@@ -23,7 +23,8 @@ from omlx_jobs.worker.attention import suffix_kernel as cascade_kernel
 from omlx_jobs.worker.attention.options import CascadeOptions, Routing
 from omlx_jobs.worker.backend.cascade_cache import OWN_STEP, CascadeKVCache, SharedPrefix, SharedPrefixes, row_caches
 from omlx_jobs.worker.cache import kv
-from omlx_jobs.worker.models.loaded import LoadedModel, load
+from omlx_jobs.worker.loading import load
+from omlx_jobs.worker.models.loaded import LoadedModel
 from tests.tiny_model import build_tiny_model
 
 

@@ -25,7 +25,10 @@ from omlx_jobs.worker.backend.cascade_batch import CascadeBatch, PrefixLevels
 from omlx_jobs.worker.backend.cascade_cache import OWN_STEP
 from omlx_jobs.worker.backend.decode import DecodeBatch
 from omlx_jobs.worker.backend.rows import RowSpec
-from omlx_jobs.worker.engine.loop import Engine, EngineConfig, ItemResult, WorkItem
+from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.loop import Engine
+from omlx_jobs.worker.engine.results import ItemResult
+from omlx_jobs.worker.engine.sequence import WorkItem
 from omlx_jobs.worker.models.loaded import LoadedModel
 from tests.cascade_cases import count_calls
 
@@ -222,7 +225,7 @@ def test_the_cuda_path_with_its_kernels_references(
     each kernel's mx-ops reference in its place, on a model with 64-wide heads: today's tokens."""
     from omlx_jobs.worker.attention import ragged as attention
     from omlx_jobs.worker.attention import suffix_kernel as cascade_kernel
-    from omlx_jobs.worker.models.loaded import load
+    from omlx_jobs.worker.loading import load
     from tests.tiny_model import build_tiny_model
 
     wide = load(str(build_tiny_model(tmp_path_factory.mktemp("wide") / "m", hidden_size=256)))
@@ -270,7 +273,7 @@ def test_the_cuda_path_with_the_prefix_kernel_reference(
     from omlx_jobs.worker.attention import prefix_kernel as cascade_prefix
     from omlx_jobs.worker.attention import ragged as attention
     from omlx_jobs.worker.attention import suffix_kernel as cascade_kernel
-    from omlx_jobs.worker.models.loaded import load
+    from omlx_jobs.worker.loading import load
     from tests.tiny_model import build_tiny_model
 
     wide = load(str(build_tiny_model(tmp_path_factory.mktemp("wide") / "m", hidden_size=256)))

@@ -24,7 +24,10 @@ from omlx_jobs.jobs.formats import COMPLETIONS_URL, SamplingParams
 from omlx_jobs.jobs.queue import queue_name
 from omlx_jobs.store import Store, StoreError
 from omlx_jobs.worker.engine import faults
-from omlx_jobs.worker.engine.loop import Engine, EngineConfig, ItemResult, WorkItem
+from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.loop import Engine
+from omlx_jobs.worker.engine.results import ItemResult
+from omlx_jobs.worker.engine.sequence import WorkItem
 from omlx_jobs.worker.models.loaded import LoadedModel
 from omlx_jobs.worker.runtime import containment
 

@@ -9,8 +9,13 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from omlx_jobs.jobs.formats import CHAT_URL, COMPLETIONS_URL, SamplingParams
-from omlx_jobs.worker.engine.loop import Engine, EngineConfig, ItemResult, WorkItem
-from omlx_jobs.worker.models.loaded import LoadedModel, PromptError, load
+from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.loop import Engine
+from omlx_jobs.worker.engine.results import ItemResult
+from omlx_jobs.worker.engine.sequence import WorkItem
+from omlx_jobs.worker.loading import load
+from omlx_jobs.worker.models.loaded import LoadedModel
+from omlx_jobs.worker.prompts import PromptError
 from tests.tiny_model import build_tiny_model
 
 SYSTEMS = [

@@ -19,7 +19,10 @@ from omlx_jobs.worker.backend.decode import DecodeBatch
 from omlx_jobs.worker.backend.rows import RowSpec
 from omlx_jobs.worker.cache import disk as disk_cache
 from omlx_jobs.worker.cache.prefix_cache import Entry, Match
-from omlx_jobs.worker.engine.loop import Engine, EngineConfig, ItemResult, WorkItem
+from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.loop import Engine
+from omlx_jobs.worker.engine.results import ItemResult
+from omlx_jobs.worker.engine.sequence import WorkItem
 from omlx_jobs.worker.models.loaded import LoadedModel
 from omlx_jobs.worker.prompts import token_key
 from tests.test_engine import greedy, mixed_prompts, reference, run

@@ -23,7 +23,8 @@ from omlx_jobs.worker.extras.logits import (
     logits_width,
     row_logits,
 )
-from omlx_jobs.worker.models.loaded import PromptError, load
+from omlx_jobs.worker.loading import load
+from omlx_jobs.worker.prompts import PromptError
 from tests.tiny_model import build_tiny_model
 
 SCHEMAS = json.loads((Path(__file__).parent / "data/schemas/schemas.json").read_text())["schemas"]

@@ -18,7 +18,8 @@ from omlx_jobs.jobs.queue import get_queue, priority_queues, queue_name
 from omlx_jobs.jobs.submit import load_job
 from omlx_jobs.jobs.workers import WorkerInfo, list_workers, publish, retire, serving
 from omlx_jobs.store import Store
-from omlx_jobs.worker.engine.loop import Engine, EngineConfig
+from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.loop import Engine
 from omlx_jobs.worker.engine.planner import plan
 from omlx_jobs.worker.prompts import token_key
 from omlx_jobs.worker.runtime import shard

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from omlx_jobs.defaults import Switches
-from omlx_jobs.worker.engine.loop import EngineConfig
+from omlx_jobs.worker.engine.config import EngineConfig
 
 
 def test_unset_variables_keep_the_defaults() -> None:

@@ -17,10 +17,12 @@ pytest.importorskip("mlx_vlm")
 
 from PIL import Image  # noqa: E402
 
+from omlx_jobs.worker.cache.positioned import PositionedKVCache, positioned  # noqa: E402
+from omlx_jobs.worker.prompts import ImageError  # noqa: E402
 from omlx_jobs.worker.vision import images  # noqa: E402
 from omlx_jobs.worker.vision.feature_cache import FeatureCache  # noqa: E402
 from omlx_jobs.worker.vision.model import VisionModel, is_batched, vision_model_type  # noqa: E402
-from omlx_jobs.worker.vision.prefill import PositionedKVCache, positioned, prefill  # noqa: E402
+from omlx_jobs.worker.vision.prefill import prefill  # noqa: E402
 from tests.tiny_vlm import build_tiny_vlm  # noqa: E402
 
 N_TOKENS = 8
@@ -177,13 +179,13 @@ def test_prepare_a_stored_body(vm: VisionModel, tmp_path: Path) -> None:
     messages = [{"role": "user", "content": content}]
     prompt = vm.prepare(messages, ImageAccess.create([tmp_path]))
     assert len(prompt.spans) == 2 and prompt.spans[0].digest == prompt.spans[1].digest
-    with pytest.raises(images.ImageError) as exc:
+    with pytest.raises(ImageError) as exc:
         vm.prepare(messages, ImageAccess())  # this worker allows no folder
     assert exc.value.code == "image_path_not_allowed"
 
 
 def test_text_in_the_prompt_cannot_fake_an_image(vm: VisionModel) -> None:
-    with pytest.raises(images.ImageError) as exc:
+    with pytest.raises(ImageError) as exc:
         vm.build_prompt(user("look: <|image_pad|>"), [picture(60, 60, 1)])
     assert exc.value.code == "invalid_image"
 

@@ -19,11 +19,14 @@ from omlx_jobs.errors import ErrorCode  # noqa: E402
 from omlx_jobs.jobs.formats import CHAT_URL, COMPLETIONS_URL, SamplingParams  # noqa: E402
 from omlx_jobs.jobs.images import ImageAccess  # noqa: E402
 from omlx_jobs.jobs.params import OutputParams  # noqa: E402
-from omlx_jobs.worker.engine.loop import Engine, EngineConfig, ItemResult, WorkItem  # noqa: E402
-from omlx_jobs.worker.models import loaded as model_mod  # noqa: E402
-from omlx_jobs.worker.models.loaded import PromptError  # noqa: E402
-from omlx_jobs.worker.prompts import common_prefix  # noqa: E402
-from omlx_jobs.worker.vision.engine import TemplatePrompt, VisionLoaded, vision_prompt  # noqa: E402
+from omlx_jobs.worker import loading  # noqa: E402
+from omlx_jobs.worker.engine.config import EngineConfig  # noqa: E402
+from omlx_jobs.worker.engine.loop import Engine  # noqa: E402
+from omlx_jobs.worker.engine.results import ItemResult  # noqa: E402
+from omlx_jobs.worker.engine.sequence import WorkItem  # noqa: E402
+from omlx_jobs.worker.prompts import PromptError, common_prefix  # noqa: E402
+from omlx_jobs.worker.vision.loaded import TemplatePrompt, VisionLoaded  # noqa: E402
+from omlx_jobs.worker.vision.media import vision_prompt  # noqa: E402
 from omlx_jobs.worker.vision.prefill import prefill  # noqa: E402
 from omlx_jobs.worker.vision.serial import SerialEngine  # noqa: E402
 from tests.test_vision import generate_text, picture  # noqa: E402
@@ -36,7 +39,7 @@ SYSTEM = "You are a helpful assistant. Answer briefly and clearly."
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
 def loaded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> VisionLoaded:
     path = build_tiny_vlm(tmp_path_factory.mktemp(request.param), model_type=request.param)
-    out = model_mod.load(str(path))
+    out = loading.load(str(path))
     assert isinstance(out, VisionLoaded) and out.vision is not None and out.vision.batched
     return out
 
@@ -288,7 +291,7 @@ def test_a_completions_prompt_on_a_vision_model(loaded: VisionLoaded) -> None:
 
 
 def test_a_text_model_refuses_images(tiny_loaded: Any) -> None:
-    from omlx_jobs.worker.models.loaded import PromptError
+    from omlx_jobs.worker.prompts import PromptError
 
     with pytest.raises(PromptError) as exc:
         tiny_loaded.prompt(CHAT_URL, chat("What is this?", png(60, 60, 0)))
@@ -297,9 +300,9 @@ def test_a_text_model_refuses_images(tiny_loaded: Any) -> None:
 
 def test_one_image_asked_about_many_times_is_loaded_once(loaded: VisionLoaded, monkeypatch: Any) -> None:
     from omlx_jobs.jobs.images import ImageSourceError
+    from omlx_jobs.worker.prompts import ImageError
     from omlx_jobs.worker.vision import images
-    from omlx_jobs.worker.vision.engine import ImageMemo
-    from omlx_jobs.worker.vision.images import ImageError
+    from omlx_jobs.worker.vision.media import ImageMemo
 
     calls: list[str] = []
 
@@ -321,7 +324,7 @@ def test_one_image_asked_about_many_times_is_loaded_once(loaded: VisionLoaded, m
 
 
 def test_worker_access_is_checked_again(loaded: VisionLoaded, tmp_path: Path) -> None:
-    from omlx_jobs.worker.vision.images import ImageError
+    from omlx_jobs.worker.prompts import ImageError
 
     (tmp_path / "a.png").write_bytes(png(60, 60, 0))
     body = {

@@ -22,7 +22,8 @@ from omlx_jobs.jobs.images import ImageAccess
 from omlx_jobs.jobs.queue import Shard, enqueue_shards
 from omlx_jobs.store import Store, StoreError
 from omlx_jobs.store.db import JobNotFound
-from omlx_jobs.worker.engine.loop import Control, Engine
+from omlx_jobs.worker.engine.contract import Control
+from omlx_jobs.worker.engine.loop import Engine
 from omlx_jobs.worker.runtime import shard
 
 log = logging.getLogger(__name__)

@@ -18,6 +18,7 @@ from typing import Any
 
 from mlx_lm.models.cache import KVCache, load_prompt_cache, save_prompt_cache
 
+from omlx_jobs.worker.cache.positioned import positioned
 from omlx_jobs.worker.prompts import common_prefix, positions
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,6 @@ class DiskCache:
         with contextlib.suppress(OSError):  # recency only; the file may have just been removed by another worker
             os.utime(path)
         if "rope_breaks" in meta:  # a vision model's caches: their RoPE offsets after each image
-            from omlx_jobs.worker.vision.prefill import positioned
-
             breaks = tuple((int(p), int(d)) for p, d in json.loads(meta["rope_breaks"]))
             return positioned(cache, breaks)
         return cache

@@ -12,15 +12,12 @@ they are done or control says stop:
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from omlx_jobs import defaults
-from omlx_jobs.defaults import Switches
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.formats import SamplingParams
 from omlx_jobs.jobs.params import OutputParams
@@ -29,6 +26,8 @@ from omlx_jobs.worker.backend.rows import Batch, RowOutput, RowSpec
 from omlx_jobs.worker.cache.disk import DiskCache
 from omlx_jobs.worker.cache.prefix_cache import PrefixCache
 from omlx_jobs.worker.engine import faults
+from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.contract import Control
 from omlx_jobs.worker.engine.results import Choice, ItemResult, PlanTotals, RequestFailure, RunStats
 from omlx_jobs.worker.engine.scheduler import Admission, Scheduler
 from omlx_jobs.worker.engine.sequence import Collector, SequenceState, WorkItem
@@ -36,41 +35,10 @@ from omlx_jobs.worker.engine.stopping import StopStrings, final_text
 from omlx_jobs.worker.engine.warmup import WarmUps
 from omlx_jobs.worker.extras.outputs import Outputs, engine_eos
 from omlx_jobs.worker.extras.sampling import SamplerFactory
-from omlx_jobs.worker.models.loaded import LoadedModel, PromptError
-
-__all__ = ["Choice", "Control", "Engine", "EngineConfig", "ItemResult", "RunStats", "WorkItem"]
+from omlx_jobs.worker.models.loaded import LoadedModel
+from omlx_jobs.worker.prompts import PromptError
 
 log = logging.getLogger(__name__)
-
-
-class Control(enum.Enum):
-    RUN = "run"
-    DRAIN = "drain"  # admit nothing new; let in-flight requests finish
-    STOP = "stop"  # stop now; unfinished requests stay pending (they run again later)
-    CANCEL = "cancel"  # stop now; unfinished requests are reported for cancellation
-
-
-@dataclass
-class EngineConfig:
-    completion_batch_size: int = defaults.BATCH_SIZE
-    prefill_batch_size: int = defaults.PREFILL_BATCH_SIZE
-    prefill_step_size: int = defaults.PREFILL_STEP
-    prefix_cache: bool = True
-    min_shared_tokens: int = defaults.MIN_SHARED_TOKENS
-    cache_memory: int | None = defaults.CACHE_MEMORY
-    cache_dir: str | None = None
-    cache_dir_bytes: int = defaults.CACHE_DIR_BYTES
-    ignore_eos: bool = False
-    """Generate max_tokens every time (for benchmarks)."""
-    switches: Switches = field(default_factory=Switches.from_env)
-    """The engine's switches (cascade attention, the CUDA kernels, CPU prefill, ...): read from the environment
-    when a config is made, unless given (defaults.Switches)."""
-
-    def __post_init__(self) -> None:
-        if self.completion_batch_size < 1 or self.prefill_batch_size < 1 or self.prefill_step_size < 1:
-            raise ValueError("batch sizes and the prefill step must be at least 1")
-        if self.min_shared_tokens < 1:
-            raise ValueError("min_shared_tokens must be at least 1")
 
 
 @dataclass

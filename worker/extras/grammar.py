@@ -21,7 +21,7 @@ import llguidance.numpy as llnp
 import numpy as np
 
 from omlx_jobs.jobs.response_format import ResponseFormat
-from omlx_jobs.worker.models.loaded import PromptError
+from omlx_jobs.worker.prompts import PromptError
 
 GRAMMAR_CACHE_ENTRIES = 256
 

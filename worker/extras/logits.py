@@ -19,7 +19,7 @@ import numpy as np
 
 from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.worker.extras.grammar import Constraint, GrammarCache, GrammarTokenizer, fill_masks
-from omlx_jobs.worker.models.loaded import PromptError
+from omlx_jobs.worker.prompts import PromptError
 
 Processor = Callable[[mx.array, mx.array], mx.array]
 _SHIFTS = mx.arange(32, dtype=mx.uint32)

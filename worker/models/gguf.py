@@ -14,26 +14,22 @@ import json
 import os
 import re
 import shutil
-import struct
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.utils import load_model
 
-from omlx_jobs.errors import OmlxError
+from omlx_jobs.store.db import data_dir
+from omlx_jobs.worker.models.gguf_file import GGUFError, Metadata, read_tensor_types
+from omlx_jobs.worker.models.gguf_tokenizer import build_tokenizer
 
 # Bump when the output of convert_gguf changes, so cached conversions are redone.
 CONVERTER_VERSION = 1
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 
-GGML_TYPE_NAMES = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1", 10: "Q2_K",
-    11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS",
-    19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32",
-    27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4",
-}  # fmt: skip
 # Types mx.load reads correctly (checked against llama.cpp's reference dequantization). It also reads
 # Q2_K/Q4_K/Q6_K, but MLX 0.32's Q4_K decoder applies one sub-block's scale to both nibbles (wrong weights);
 # other types fail inside MLX or, if MLX does not know them at all, are silently dropped.
@@ -53,95 +49,6 @@ BLOCK_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 _TENSOR_NAME = re.compile(r"(?:blk\.(?P<block>\d+)\.)?(?P<base>\w+)\.(?P<kind>weight|bias|scales|biases)")
-
-
-class GGUFError(OmlxError, ValueError):
-    """A GGUF file this converter cannot turn into an MLX model; the message says what is supported."""
-
-
-# ---- reading ---------------------------------------------------------------------------------------------
-
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-_STRING, _ARRAY = 8, 9
-
-
-def read_tensor_types(gguf_path: Path) -> dict[str, str]:
-    """Tensor name -> GGML type name, from the file header.
-
-    mx.load does not report the stored types, and drops tensors of types it does not know, so the header
-    is read here first (metadata values are skipped; `mx.load` parses them).
-    """
-    with open(gguf_path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise GGUFError(f"{gguf_path} is not a GGUF file (no GGUF magic number)")
-        (version,) = _unpack(f, "<I")
-        if version < 2:
-            raise GGUFError(f"{gguf_path} is GGUF version {version}; versions 2 and 3 are supported")
-        n_tensors, n_kv = _unpack(f, "<QQ")
-        for _ in range(n_kv):
-            _skip_string(f)
-            _skip_value(f, _unpack(f, "<I")[0])
-        types = {}
-        for _ in range(n_tensors):
-            name = f.read(_unpack(f, "<Q")[0]).decode("utf-8")
-            (n_dims,) = _unpack(f, "<I")
-            f.seek(8 * n_dims, os.SEEK_CUR)
-            ggml_type, _offset = _unpack(f, "<IQ")
-            types[name] = GGML_TYPE_NAMES.get(ggml_type, f"type {ggml_type}")
-    return types
-
-
-def _unpack(f: BinaryIO, fmt: str) -> tuple[Any, ...]:
-    size = struct.calcsize(fmt)
-    data = f.read(size)
-    if len(data) != size:
-        raise GGUFError("the GGUF header is truncated")
-    return struct.unpack(fmt, data)
-
-
-def _skip_string(f: BinaryIO) -> None:
-    f.seek(_unpack(f, "<Q")[0], os.SEEK_CUR)
-
-
-def _skip_value(f: BinaryIO, value_type: int) -> None:
-    if value_type in _SCALAR_SIZES:
-        f.seek(_SCALAR_SIZES[value_type], os.SEEK_CUR)
-    elif value_type == _STRING:
-        _skip_string(f)
-    elif value_type == _ARRAY:
-        item_type, count = _unpack(f, "<IQ")
-        if item_type in _SCALAR_SIZES:
-            f.seek(_SCALAR_SIZES[item_type] * count, os.SEEK_CUR)
-        else:
-            for _ in range(count):
-                _skip_value(f, item_type)
-    else:
-        raise GGUFError(f"unknown GGUF metadata value type {value_type}")
-
-
-class Metadata:
-    """GGUF metadata as mx.load returns it (numbers as 0-d or 1-d mx.arrays), read back as Python values."""
-
-    def __init__(self, raw: dict[str, Any], source: Path) -> None:
-        self.raw = raw
-        self.source = source
-
-    def get(self, key: str, default: Any = None) -> Any:
-        value = self.raw.get(key, default)
-        return value.tolist() if isinstance(value, mx.array) else value
-
-    def require(self, key: str) -> Any:
-        if key not in self.raw:
-            raise GGUFError(f"{self.source}: the GGUF metadata lacks {key!r}")
-        return self.get(key)
-
-    def require_int(self, key: str) -> int:
-        value = self.require(key)
-        if isinstance(value, list):  # some files store a per-layer array; we support uniform layers only
-            if len(set(value)) != 1:
-                raise GGUFError(f"{self.source}: {key} differs between layers ({value}); uniform layers only")
-            value = value[0]
-        return int(value)
 
 
 # ---- conversion ------------------------------------------------------------------------------------------
@@ -193,8 +100,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, dequantize: bool | None = No
             f"{gguf_path}: architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     config = model_config(meta, types, quantized=not dequantize)
-    from omlx_jobs.worker.models.gguf_tokenizer import build_tokenizer
-
     tokenizer, tokenizer_config = build_tokenizer(meta, context_length=config["max_position_embeddings"])
     weights, sources = rename_weights(raw_weights, config, gguf_path)
     weights = dequantize_weights(weights) if dequantize else _to_float16(weights)
@@ -321,8 +226,6 @@ def _unpermute_rows(x: mx.array, n_heads: int) -> mx.array:
 def _check_loads_strictly(out_dir: Path, sources: dict[str, str], gguf_path: Path) -> None:
     # Load as mlx_lm.load does, strictly (a missing, extra or misshapen tensor raises), and name the GGUF
     # tensor next to each parameter mlx-lm complains about.
-    from mlx_lm.utils import load_model
-
     try:
         load_model(out_dir, lazy=True, strict=True)
     except ValueError as exc:
@@ -363,8 +266,6 @@ def cached_conversion(gguf_path: Path, cache_root: Path | None = None, *, dequan
     A conversion is written to a temporary directory and renamed into place, so concurrent workers never see
     a half-written model; if two convert at once, the first rename wins and the other's copy is discarded.
     """
-    from omlx_jobs.store.db import data_dir
-
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
         raise GGUFError(f"{gguf_path}: no such file")

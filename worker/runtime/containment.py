@@ -30,7 +30,8 @@ import mlx.core as mx
 from rq.timeouts import BaseTimeoutException
 
 from omlx_jobs.errors import ErrorCode
-from omlx_jobs.worker.engine.loop import Control, Engine
+from omlx_jobs.worker.engine.contract import Control
+from omlx_jobs.worker.engine.loop import Engine
 from omlx_jobs.worker.engine.results import ItemResult, PlanTotals, RequestFailure, RunStats
 from omlx_jobs.worker.engine.sequence import WorkItem
 from omlx_jobs.worker.extras.sampling import SamplerFactory

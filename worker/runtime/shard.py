@@ -23,11 +23,11 @@ from omlx_jobs.jobs.sharding import UNIT
 from omlx_jobs.store import Store, StoreError
 from omlx_jobs.store.pending import PAGE_ROWS, PendingRequest
 from omlx_jobs.store.shards import ShardInfo
-from omlx_jobs.worker.engine.loop import Control, Engine
+from omlx_jobs.worker.engine.contract import Control
+from omlx_jobs.worker.engine.loop import Engine
 from omlx_jobs.worker.engine.results import ItemResult, PlanTotals, RunStats, completion_row
 from omlx_jobs.worker.engine.sequence import WorkItem
-from omlx_jobs.worker.models.loaded import PromptError
-from omlx_jobs.worker.prompts import common_prefix, key_prefix
+from omlx_jobs.worker.prompts import PromptError, common_prefix, key_prefix
 from omlx_jobs.worker.runtime.containment import run_contained
 
 log = logging.getLogger(__name__)

@@ -16,13 +16,12 @@ import io
 import urllib.error
 import urllib.request
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from omlx_jobs.jobs import images as sources
 from omlx_jobs.jobs.images import ImageAccess, ImageSourceError
-from omlx_jobs.worker.models.loaded import PromptError
+from omlx_jobs.worker.prompts import ImageError
 
 DEFAULT_MAX_PIXELS = 40_000_000  # a 12 MP photo is 12M; 40M decoded RGB is 120 MB
 MAX_REDIRECTS = 5
@@ -34,10 +33,6 @@ IMAGE_ERROR_CODES = sources.IMAGE_SOURCE_CODES | {
     "image_unreachable",
     "images_not_supported",
 }
-
-
-class ImageError(PromptError):
-    """A request whose image cannot be used; `code` is one of IMAGE_ERROR_CODES, the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -62,26 +57,6 @@ class DecodedImage:
     @property
     def hex(self) -> str:
         return self.digest.hex()
-
-
-def image_urls(messages: list[dict[str, Any]]) -> Iterator[tuple[int, int, str]]:
-    """(message index, part index, url) of every image part, in prompt order."""
-    for i, msg in enumerate(messages):
-        content = msg.get("content")
-        if isinstance(content, list):
-            for j, part in enumerate(content):
-                if part.get("type") == "image_url":
-                    yield i, j, part["image_url"]["url"]
-
-
-def check_accepts_images(messages: list[dict[str, Any]], model_is_vision: bool, model: str) -> None:
-    """ImageError (images_not_supported) if a text-only model gets a request with images."""
-    if not model_is_vision and next(image_urls(messages), None) is not None:
-        raise ImageError(
-            "images_not_supported",
-            f"this request has images, but {model} is a text-only model; send it to a vision model "
-            "(e.g. a Qwen2-VL) or drop the image parts",
-        )
 
 
 def load_image(url: str, access: ImageAccess, limits: ImageLimits = ImageLimits()) -> DecodedImage:

@@ -36,16 +36,26 @@ A quantized checkpoint's twin is quantized like the source (untested here).
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.images import ImageAccess
-from omlx_jobs.worker.models.loaded import PromptError
+from omlx_jobs.jobs.parts import image_urls
+from omlx_jobs.worker.cache.positioned import PositionedKVCache
+from omlx_jobs.worker.prompts import ImageError, PromptError
 from omlx_jobs.worker.vision.feature_cache import FeatureCache
-from omlx_jobs.worker.vision.images import DEFAULT_LIMITS, DecodedImage, ImageError, ImageLimits, image_urls, load_image
+from omlx_jobs.worker.vision.images import DEFAULT_LIMITS, DecodedImage, ImageLimits, load_image
 from omlx_jobs.worker.vision.prompt import ImageSpan, VisionPrompt, expand_image_tokens
 
 # model_type -> the mlx-lm text model that decodes it with token ids (mlx-lm strips the vision tower).
@@ -58,8 +68,6 @@ def vision_model_type(config: dict[str, Any]) -> str | None:
     model_type = str(config.get("model_type") or "").lower()
     if not model_type or not isinstance(config.get("vision_config"), dict):
         return None
-    import importlib.util
-
     spec = importlib.util.find_spec("mlx_vlm")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -108,11 +116,9 @@ class VisionModel:
     @classmethod
     def load(cls, path: str | Path) -> VisionModel:
         """Load a local model directory with mlx-vlm (offline: nothing is fetched from the Hub)."""
-        import json
-
         path = Path(path)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the processor falls back to the Hub for missing files
-        from mlx_vlm.utils import load
+        from mlx_vlm.utils import load  # mlx-vlm is optional (the [vision] extra): imported when a model needs it
 
         model, processor = load(str(path))
         config = json.loads((path / "config.json").read_text())
@@ -121,11 +127,9 @@ class VisionModel:
     @classmethod
     def with_weights(cls, path: str | Path, model: Any) -> VisionModel:
         """A model built in memory (random weights for benchmarks) with the processor files in `path`."""
-        import json
-
         path = Path(path)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from mlx_vlm.utils import load_processor
+        from mlx_vlm.utils import load_processor  # optional dependency, as in `load`
 
         config = json.loads((path / "config.json").read_text())
         return cls(path, model, load_processor(path, eos_token_ids=config.get("eos_token_id")), config)
@@ -143,8 +147,6 @@ class VisionModel:
 
     def image_grid(self, image: DecodedImage) -> Any:
         """(1, 3) patch grid (temporal, height, width) the processor gives this image, from its size alone."""
-        import mlx.core as mx
-
         proc = self.processor.image_processor
         height, width = proc._resolved_size(image.height, image.width)  # the sizing num_image_tokens uses
         return mx.array([[1, height // proc.patch_size, width // proc.patch_size]])
@@ -155,8 +157,6 @@ class VisionModel:
 
     def encode(self, image: DecodedImage) -> ImageFeatures:
         """Preprocess and run the vision tower on one image (no cache)."""
-        import mlx.core as mx
-
         out = self.processor.image_processor(images=[image.pixels])
         pixels = mx.array(out["pixel_values"])
         grid = mx.array(out["image_grid_thw"]).reshape(1, 3)
@@ -170,14 +170,15 @@ class VisionModel:
     def build_prompt(self, messages: Sequence[dict[str, Any]], images: Sequence[DecodedImage]) -> VisionPrompt:
         """Chat template over the messages (image parts in place), each image expanded to its image tokens.
 
-        `images` are the decoded image parts in prompt order (worker/images.image_urls).
+        `images` are the decoded image parts in prompt order (jobs/parts.image_urls).
         """
         ids = list(self.tokenizer(template_text(self, messages))["input_ids"])
         counts = [self.image_tokens(im) for im in images]
         try:
             tokens, starts = expand_image_tokens(ids, self.image_token_id, counts)
         except ValueError as exc:
-            raise ImageError("invalid_image", f"{exc}; the text must not hold the model's image token") from None
+            message = f"{exc}; the text must not hold the model's image token"
+            raise ImageError(ErrorCode.INVALID_IMAGE, message) from None
         spans = tuple(ImageSpan(s, n, im.digest) for s, n, im in zip(starts, counts, images, strict=True))
         return VisionPrompt(tuple(tokens), spans, {"images": tuple(images)})
 
@@ -211,7 +212,7 @@ def template_text(vm: VisionModel, messages: Sequence[dict[str, Any]]) -> str:
             template_messages, add_generation_prompt=not cont, continue_final_message=cont, tokenize=False
         )
     except Exception as exc:  # jinja raises for roles or orders a template does not support
-        raise PromptError("chat_template_error", f"the chat template rejected these messages: {exc}") from exc
+        raise PromptError(ErrorCode.CHAT_TEMPLATE_ERROR, f"the chat template rejected these messages: {exc}") from exc
 
 
 def _template_messages(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
@@ -229,13 +230,6 @@ def _template_messages(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[st
 
 def _twin(language_model: Any, config: dict[str, Any], mlx_lm_type: str) -> Any:
     """Build mlx-lm's model for `mlx_lm_type` and point its parameters at `language_model`'s arrays."""
-    import importlib
-
-    import mlx.nn as nn
-    from mlx.utils import tree_flatten, tree_unflatten
-
-    from omlx_jobs.worker.vision.prefill import PositionedKVCache
-
     arch = importlib.import_module(f"mlx_lm.models.{mlx_lm_type}")
     model = arch.Model(arch.ModelArgs.from_dict(config))
     source = dict(tree_flatten(language_model.parameters()))

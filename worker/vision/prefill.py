@@ -6,8 +6,8 @@ caches, the logits asked for and the request's RoPE delta. It can continue from 
 prefix (`start` tokens) and stop before the end (`end`): images wholly outside [start, end) are not encoded.
 
 The caches are mlx-lm's KVCache class, so kv views, the prefix cache and BatchGenerator take them as they are.
-PositionedKVCache adds the one per-request state decoding needs: the RoPE delta after each image, which
-BatchGenerator's merge turns into that row's position offset.
+cache/positioned.PositionedKVCache adds the one per-request state decoding needs: the RoPE delta after each
+image, which BatchGenerator's merge turns into that row's position offset.
 """
 
 from __future__ import annotations
@@ -16,66 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.models.cache import KVCache
 
+from omlx_jobs.worker.cache.positioned import PositionedKVCache, positioned
 from omlx_jobs.worker.vision.model import ImageFeatures, VisionModel
 from omlx_jobs.worker.vision.prompt import VisionPrompt
 
 DEFAULT_PREFILL_STEP = 2048
-
-
-class PositionedKVCache(KVCache):
-    """A KVCache whose next RoPE position is its length plus a RoPE delta (mRoPE after images; 0 for text).
-
-    `breaks` holds (position, delta) pairs in order: text from `position` on runs `delta` behind its index (a
-    position just after an image). The delta is read at the cache's own length, so a view of a shorter
-    prefix (kv.view keeps the class) gets the delta of that prefix, however long the entry it was cut from.
-    BatchGenerator merges a batch's caches with `caches[0][i].merge(...)`, so every cache of a vision model's
-    rows must be of this class (the decode model's make_cache and `positioned` see to it).
-    """
-
-    def __init__(self, breaks: tuple[tuple[int, int], ...] = ()) -> None:
-        super().__init__()
-        self.breaks = breaks
-
-    @property
-    def rope_delta(self) -> int:
-        delta = 0
-        for position, d in self.breaks:
-            if position > self.offset:
-                break
-            delta = d
-        return delta
-
-    @classmethod
-    def merge(cls, caches: list[Any]) -> BatchKVCache:
-        batch = BatchKVCache.merge(caches)
-        deltas = [int(getattr(c, "rope_delta", 0)) for c in caches]
-        if any(deltas):
-            # A BatchKVCache row's offset is only its RoPE position: masks use left_padding, and filter,
-            # extend and trim shift it by whole tokens, so the delta stays with the row.
-            batch.offset = batch.offset + mx.array(deltas)
-        return batch
-
-
-def positioned(caches: list[Any], breaks: tuple[tuple[int, int], ...] = ()) -> list[PositionedKVCache]:
-    """The same keys and values (no copy) as PositionedKVCache layers carrying `breaks`."""
-    out = []
-    for c in caches:
-        if type(c) not in (KVCache, PositionedKVCache):
-            raise TypeError(f"{type(c).__name__} layers cannot carry a RoPE delta; only KVCache layers can")
-        p = PositionedKVCache(breaks)
-        p.keys, p.values, p.offset = c.keys, c.values, c.offset
-        out.append(p)
-    return out
-
-
-def breaks_of(caches: list[Any] | None) -> tuple[tuple[int, int], ...]:
-    """The RoPE breaks of the tokens caches hold (a view of a longer entry may carry some beyond its end,
-    which must not travel on when it is extended by other tokens); none for plain caches."""
-    if not caches:
-        return ()
-    return tuple((p, d) for p, d in getattr(caches[0], "breaks", ()) if p <= caches[0].offset)
 
 
 @dataclass

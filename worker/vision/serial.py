@@ -18,13 +18,16 @@ from typing import Any
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.worker.cache.prefix_cache import PrefixCache
-from omlx_jobs.worker.engine.loop import Control, Engine, EngineConfig
+from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.contract import Control
+from omlx_jobs.worker.engine.loop import Engine
 from omlx_jobs.worker.engine.results import Choice, ItemResult, PlanTotals, RunStats
 from omlx_jobs.worker.engine.sequence import SequenceState, WorkItem
 from omlx_jobs.worker.engine.stopping import StopStrings, final_text
 from omlx_jobs.worker.extras.sampling import SamplerFactory
-from omlx_jobs.worker.models.loaded import LoadedModel, PromptError
-from omlx_jobs.worker.vision.engine import TemplatePrompt
+from omlx_jobs.worker.models.loaded import LoadedModel
+from omlx_jobs.worker.prompts import PromptError
+from omlx_jobs.worker.vision.loaded import TemplatePrompt
 
 log = logging.getLogger(__name__)
 
