@@ -25,6 +25,7 @@ from omlx_jobs.jobs.queue import queue_name
 from omlx_jobs.store import Store, StoreError
 from omlx_jobs.worker.engine import faults
 from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.contract import Control, Hooks
 from omlx_jobs.worker.engine.loop import Engine
 from omlx_jobs.worker.engine.results import ItemResult
 from omlx_jobs.worker.engine.sequence import WorkItem
@@ -123,9 +124,7 @@ def test_containment_refunds_neighbours_and_charges_nobody_twice(tiny_loaded: Lo
     stats = containment.run_contained(
         engine,
         items(tiny_loaded, 20),
-        lambda rs: results.update({r.key: r for r in rs}),
-        on_admit=on_admit,
-        refund=refund,
+        Hooks(lambda rs: results.update({r.key: r for r in rs}), admit=on_admit, refund=refund),
         page_size=5,
     )
     assert sorted(results) == list(range(20)) and stats.unfinished == [] and stats.input_exhausted
@@ -176,7 +175,7 @@ def test_the_shards_timeout_is_not_contained(tiny_loaded: LoadedModel) -> None:
     faults.on_row = on_row
     refunded: list[Any] = []
     with pytest.raises(JobTimeoutException):
-        containment.run_contained(engine, items(tiny_loaded, 6), lambda rs: None, refund=refunded.extend)
+        containment.run_contained(engine, items(tiny_loaded, 6), Hooks(lambda rs: None, refund=refunded.extend))
     assert refunded == []
 
 
@@ -185,19 +184,17 @@ def test_a_stop_during_isolation_leaves_the_rest_pending(tiny_loaded: LoadedMode
     refunded: list[Any] = []
     results: dict[Any, ItemResult] = {}
     poison_rows(1)
-    control = containment.Control.RUN
+    control = Control.RUN
 
     def refund(keys: list[Any]) -> None:
         nonlocal control
         refunded.extend(keys)
-        control = containment.Control.STOP  # a SIGTERM arrives as the first failure is contained
+        control = Control.STOP  # a SIGTERM arrives as the first failure is contained
 
     stats = containment.run_contained(
         engine,
         items(tiny_loaded, 12),
-        lambda rs: results.update({r.key: r for r in rs}),
-        lambda: control,
-        refund=refund,
+        Hooks(lambda rs: results.update({r.key: r for r in rs}), control=lambda: control, refund=refund),
         page_size=6,
     )
     assert all(r.error is None for r in results.values())  # nobody was blamed

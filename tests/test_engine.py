@@ -10,6 +10,7 @@ from mlx_lm.generate import generate_step
 
 from omlx_jobs.jobs.formats import CHAT_URL, COMPLETIONS_URL, SamplingParams
 from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.limits import max_new_tokens
 from omlx_jobs.worker.engine.loop import Engine
 from omlx_jobs.worker.engine.results import ItemResult
 from omlx_jobs.worker.engine.sequence import WorkItem
@@ -158,7 +159,7 @@ def test_prompt_over_the_context_is_rejected(tiny_loaded: LoadedModel) -> None:
         engine.check([5] * tiny_loaded.context_length, greedy())
     assert err.value.code == "context_length_exceeded"
     engine.check([5] * (tiny_loaded.context_length - 1), greedy())
-    assert engine.max_new_tokens(tiny_loaded.context_length - 3, greedy(100)) == 3
+    assert max_new_tokens(tiny_loaded.context_length - 3, greedy(100), tiny_loaded.context_length) == 3
 
 
 def test_small_cache_budget_still_correct_and_evicts(tiny_loaded: LoadedModel) -> None:

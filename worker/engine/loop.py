@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.formats import SamplingParams
@@ -27,16 +26,16 @@ from omlx_jobs.worker.cache.disk import DiskCache
 from omlx_jobs.worker.cache.prefix_cache import PrefixCache
 from omlx_jobs.worker.engine import faults
 from omlx_jobs.worker.engine.config import EngineConfig
-from omlx_jobs.worker.engine.contract import Control
-from omlx_jobs.worker.engine.results import Choice, ItemResult, PlanTotals, RequestFailure, RunStats
-from omlx_jobs.worker.engine.scheduler import Admission, Scheduler
+from omlx_jobs.worker.engine.contract import Control, Hooks, ResultsHook
+from omlx_jobs.worker.engine.limits import check_context, max_new_tokens
+from omlx_jobs.worker.engine.results import Choice, PlanTotals, RequestFailure, RunStats
+from omlx_jobs.worker.engine.scheduler import Admission, Scheduler, Window
 from omlx_jobs.worker.engine.sequence import Collector, SequenceState, WorkItem
 from omlx_jobs.worker.engine.stopping import StopStrings, final_text
 from omlx_jobs.worker.engine.warmup import WarmUps
 from omlx_jobs.worker.extras.outputs import Outputs, engine_eos
 from omlx_jobs.worker.extras.sampling import SamplerFactory
 from omlx_jobs.worker.models.loaded import LoadedModel
-from omlx_jobs.worker.prompts import PromptError
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +46,7 @@ class _Run:
 
     scheduler: Scheduler
     batch: Batch
-    on_results: Callable[[list[ItemResult]], None]
-    control: Callable[[], Control]
-    on_admit: Callable[[list[Any]], None] | None
+    hooks: Hooks
     stats: RunStats
     collector: Collector = field(default_factory=Collector)
     active: dict[int, SequenceState] = field(default_factory=dict)
@@ -112,45 +109,34 @@ class Engine:
 
     def check(self, tokens: Sequence[int], params: SamplingParams, output: OutputParams | None = None) -> None:
         """Raise PromptError if the prompt leaves no room to generate within the model's context, or if what it
-        asks for beyond sampling cannot run on this model (worker/outputs.py)."""
+        asks for beyond sampling cannot run on this model (extras/outputs.py)."""
         if output is not None:
             self.outputs.check(output)
-        ctx = self.loaded.context_length
-        if len(tokens) >= ctx:
-            raise PromptError(
-                ErrorCode.CONTEXT_LENGTH_EXCEEDED,
-                f"the prompt is {len(tokens)} tokens; this model's context is {ctx} tokens. Shorten the prompt",
-            )
+        check_context(tokens, self.loaded.context_length)
 
-    def max_new_tokens(self, n_prompt: int, params: SamplingParams) -> int:
-        return max(1, min(params.max_tokens, self.loaded.context_length - n_prompt))
+    def reset(self) -> None:
+        """Drop what an exception mid-run may have left broken: the shared samplers and the in-memory prefix cache
+        (entries may hold arrays of the failed graph). The disk tier holds evaluated files and stays."""
+        self.samplers = SamplerFactory()
+        self.cache.clear()
 
     # ---- a run ---------------------------------------------------------------------------------------
 
-    def run(
-        self,
-        items: Iterable[WorkItem],
-        on_results: Callable[[list[ItemResult]], None],
-        control: Callable[[], Control] = lambda: Control.RUN,
-        *,
-        on_admit: Callable[[list[Any]], None] | None = None,
-        on_plan: Callable[[PlanTotals], None] | None = None,
-        page_size: int | None = None,
-    ) -> RunStats:
-        """Generate every item (n choices each); after each step, on_results gets the items that finished in it.
+    def run(self, items: Iterable[WorkItem], hooks: Hooks | ResultsHook, *, page_size: int | None = None) -> RunStats:
+        """Generate every item (n choices each); after each step, hooks.results gets the items that finished in it.
 
         `items` is read `page_size` items at a time (None: all at once), each page planned as it is read, so a
-        lazy iterable keeps memory bounded. on_admit gets the keys of items about to start (once per refill);
-        on_plan the totals of each planned page.
+        lazy iterable keeps memory bounded. hooks.admit gets the keys of items about to start (once per refill),
+        hooks.plan the totals of each planned page; hooks.control is asked between steps.
         """
         started, before = time.perf_counter(), self.cache.stats.snapshot()
-        stats = RunStats()
+        stats, hooks = RunStats(), Hooks.of(hooks)
 
         def on_page(totals: PlanTotals) -> None:
             stats.prompt_tokens += totals.prompt_tokens
             stats.trie_min_tokens += totals.trie_min_tokens
-            if on_plan is not None:
-                on_plan(totals)
+            if hooks.plan is not None:
+                hooks.plan(totals)
 
         scheduler = Scheduler(
             items,
@@ -164,7 +150,7 @@ class Engine:
         self.warmups.start_run()
         self.cache.start_run()
         batch = self.backend.open(self.cache if self.prefix_enabled else None)
-        run = _Run(scheduler, batch, on_results, control, on_admit, stats)
+        run = _Run(scheduler, batch, hooks, stats)
         try:
             self._loop(run)
         except BaseException:
@@ -176,7 +162,7 @@ class Engine:
     def _loop(self, run: _Run) -> None:
         """Schedule -> step -> collect, until the work is done or control says stop."""
         while True:
-            mode = run.control()
+            mode = run.hooks.control()
             if mode in (Control.STOP, Control.CANCEL):
                 return
             if mode is Control.RUN:
@@ -194,15 +180,25 @@ class Engine:
         window = run.scheduler.next_window(free=self.window - len(run.active))
         if not window.admissions:
             return
-        if run.on_admit is not None:
+        if run.hooks.admit is not None:
             new = [a.work.key for a in window.admissions if a.item not in run.collector]
             if new:
-                run.on_admit(list(dict.fromkeys(new)))
-        self.outputs.warm_up(self.warmups, window)  # the warm-ups, and echo's prompt scores (worker/echo.py)
+                run.hooks.admit(list(dict.fromkeys(new)))
+        self._warm_up(window)
         self.backend.before_admit(window.admissions, self.cache, keep=self.prefix_enabled)
         from_logits = [p for a in window.admissions if (p := self._admit(run, a)) is not None]
         self._start_from_logits(run, from_logits)
         self._commit(run)
+
+    def _warm_up(self, window: Window) -> None:
+        """The window's warm-ups, then its echo prompts' scores in batched passes (extras/echo.py); warm-ups keep
+        their prefixes' scores when its requests want prompt logprobs."""
+        echo = self.outputs.echo
+        prompts = [a.work.prompt for a in window.admissions if a.work.output.echo and a.work.output.logprobs]
+        self.warmups.scorer = echo if prompts and echo.usable else None
+        self.warmups.ensure(window.warmups)
+        if self.warmups.scorer is not None:
+            echo.prepare(prompts)
 
     def _admit(self, run: _Run, a: Admission) -> _FromLogits | None:
         """Insert one sequence as a row from its longest cached prefix; if its whole prompt is cached with logits,
@@ -213,7 +209,7 @@ class Engine:
         seq = SequenceState(a.item, a.choice, self._stops(work.params))
         row = RowSpec(
             prompt=[],
-            max_tokens=self.max_new_tokens(n, work.params),
+            max_tokens=max_new_tokens(n, work.params, self.loaded.context_length),
             sampler=self.samplers.sampler(work.params, a.choice),
             processors=self.samplers.logits_processors(work.params),
         )
@@ -328,7 +324,7 @@ class Engine:
     def _commit(self, run: _Run) -> None:
         results = run.collector.take()
         if results:
-            run.on_results(results)
+            run.hooks.results(results)
 
     # ---- end of a run --------------------------------------------------------------------------------
 

@@ -9,8 +9,8 @@ The engine asks this module at four points, and a request that asks for none of 
 - `Outputs.collect`: after each step; logprobs of every row that wants them, in one evaluation;
 - `ChoiceOutputs.finish`: when it ends; the stored logprobs, echo's text, or the grammar's error.
 
-Echo's prompt logprobs are worker/echo.py's: `Outputs.warm_up` runs a window's warm-ups so that they keep
-their prefixes' scores when its requests want them, then scores its echo prompts in batched passes.
+Echo's prompt logprobs are echo.py's: the engine runs a window's warm-ups so that they keep their prefixes'
+scores when its requests want them, then has `Outputs.echo` score its echo prompts in batched passes.
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ import mlx.core as mx
 from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.worker.attention.options import Routing
 from omlx_jobs.worker.cache.prefix_cache import PrefixCache
-from omlx_jobs.worker.engine.scheduler import Window
-from omlx_jobs.worker.engine.warmup import WarmUps
 from omlx_jobs.worker.extras.echo import EchoScorer
 from omlx_jobs.worker.extras.grammar import GrammarCache, GrammarTokenizer, model_eos_ids
 from omlx_jobs.worker.extras.logits import (
@@ -181,14 +179,3 @@ class Outputs:
         """The prompt's text as its tokens' bytes read (so echo's text_offset points into it)."""
         raw = self.grammar()[0].ll.decode_bytes(list(tokens))
         return bytes(raw).decode("utf-8", errors="replace")
-
-    # ---- echo ---------------------------------------------------------------------------------------------
-
-    def warm_up(self, warmups: WarmUps, window: Window) -> None:
-        """The window's warm-ups, then its echo prompts' scores in batched passes (worker/echo.py); warm-ups
-        keep their prefixes' scores when its requests want prompt logprobs."""
-        prompts = [a.work.prompt for a in window.admissions if a.work.output.echo and a.work.output.logprobs]
-        warmups.scorer = self.echo if prompts and self.echo.usable else None
-        warmups.ensure(window.warmups)
-        if warmups.scorer is not None:
-            self.echo.prepare(prompts)

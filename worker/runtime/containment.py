@@ -2,7 +2,7 @@
 
 When the engine raises during a run, every request admitted beside the culprit is in the same batch. Rather than
 fail them all, `run_contained`:
-  - hands the failed attempt back (`refund`): a request is charged only for runs that did not end in an engine
+  - hands the failed attempt back (`hooks.refund`): a request is charged only for runs that did not end in an engine
     exception (a crash of the whole process still counts, as no refund runs then);
   - rebuilds the worker's MLX state, which an exception mid-graph can leave broken (mlx-lm's sampler raising
     inside mx.compile leaves the global random state as an array without a primitive: every later sample fails);
@@ -30,11 +30,9 @@ import mlx.core as mx
 from rq.timeouts import BaseTimeoutException
 
 from omlx_jobs.errors import ErrorCode
-from omlx_jobs.worker.engine.contract import Control
-from omlx_jobs.worker.engine.loop import Engine
+from omlx_jobs.worker.engine.contract import EngineLike, Hooks, ResultsHook
 from omlx_jobs.worker.engine.results import ItemResult, PlanTotals, RequestFailure, RunStats
 from omlx_jobs.worker.engine.sequence import WorkItem
-from omlx_jobs.worker.extras.sampling import SamplerFactory
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +47,12 @@ class EngineBroken(RuntimeError):
     """Every request the engine tried alone failed: the fault is the worker's, not the requests'."""
 
 
-def rebuild(engine: Engine) -> None:
+def rebuild(engine: EngineLike) -> None:
     """Make the engine's MLX state usable after an exception mid-run: reseed the global random state (an
-    exception inside a compiled sampler leaves it unevaluable), drop the shared samplers and the in-memory
-    prefix cache (entries may hold arrays of the failed graph), and free MLX's buffer cache. The disk tier
-    holds evaluated files and stays."""
+    exception inside a compiled sampler leaves it unevaluable), reset the engine (its shared samplers and
+    in-memory prefix cache), and free MLX's buffer cache."""
     mx.random.seed(int.from_bytes(os.urandom(4), "little"))
-    engine.samplers = SamplerFactory()
-    engine.cache.clear()
+    engine.reset()
     mx.clear_cache()
 
 
@@ -88,19 +84,8 @@ class _Attempt:
 class _Contained:
     """The state of one contained run; see run_contained."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        on_results: Callable[[list[ItemResult]], None],
-        control: Callable[[], Control],
-        on_admit: Callable[[list[Any]], None] | None,
-        on_plan: Callable[[PlanTotals], None] | None,
-        refund: Callable[[list[Any]], None] | None,
-        page_size: int | None,
-    ) -> None:
-        self.engine, self.page_size = engine, page_size
-        self._on_results, self._control, self._on_admit = on_results, control, on_admit
-        self._on_plan, self._refund = on_plan, refund
+    def __init__(self, engine: EngineLike, hooks: Hooks, page_size: int | None) -> None:
+        self.engine, self.hooks, self.page_size = engine, hooks, page_size
         self.caller_error: BaseException | None = None
         """The last exception raised by the caller's code (callbacks, input): passed through, never contained."""
         self.total = RunStats()
@@ -138,25 +123,24 @@ class _Contained:
             attempt.finished(results)
             if any(r.error is None for r in results):
                 self.failing_in_a_row = 0
-            self._call(self._on_results, results)
+            self._call(self.hooks.results, results)
 
         def on_admit(keys: list[Any]) -> None:
             attempt.admitted.update(keys)
-            if self._on_admit is not None:
-                self._call(self._on_admit, keys)
+            if self.hooks.admit is not None:
+                self._call(self.hooks.admit, keys)
 
         def on_plan(totals: PlanTotals) -> None:
-            if self._on_plan is not None:
-                self._call(self._on_plan, totals)
+            if self.hooks.plan is not None:
+                self._call(self.hooks.plan, totals)
 
-        stats = self.engine.run(
-            attempt.feed(items),
-            on_results,
-            lambda: self._call(self._control),
-            on_admit=on_admit,
-            on_plan=on_plan if plan else None,
-            page_size=self.page_size,
+        hooks = Hooks(
+            results=on_results,
+            control=lambda: self._call(self.hooks.control),
+            admit=on_admit,
+            plan=on_plan if plan else None,
         )
+        stats = self.engine.run(attempt.feed(items), hooks, page_size=self.page_size)
         _add(self.total, stats)
         return stats
 
@@ -172,8 +156,8 @@ class _Contained:
             type(exc).__name__,
             exc,
         )
-        if self._refund is not None:
-            self._call(self._refund, [w.key for w in suspects])
+        if self.hooks.refund is not None:
+            self._call(self.hooks.refund, [w.key for w in suspects])
         rebuild(self.engine)
         return suspects, innocent
 
@@ -183,19 +167,11 @@ class _Contained:
 
 
 def run_contained(
-    engine: Engine,
-    items: Iterable[WorkItem],
-    on_results: Callable[[list[ItemResult]], None],
-    control: Callable[[], Control] = lambda: Control.RUN,
-    *,
-    on_admit: Callable[[list[Any]], None] | None = None,
-    on_plan: Callable[[PlanTotals], None] | None = None,
-    refund: Callable[[list[Any]], None] | None = None,
-    page_size: int | None = None,
+    engine: EngineLike, items: Iterable[WorkItem], hooks: Hooks | ResultsHook, *, page_size: int | None = None
 ) -> RunStats:
-    """Engine.run with failures contained (see the module docstring). `refund` gets the keys of requests whose
-    attempt ended in an engine exception (on_admit charged them one). Returns the accounting of all the runs."""
-    c = _Contained(engine, on_results, control, on_admit, on_plan, refund, page_size)
+    """Engine.run with failures contained (see the module docstring). hooks.refund gets the keys of requests whose
+    attempt ended in an engine exception (hooks.admit charged them one). Returns the accounting of all the runs."""
+    c = _Contained(engine, Hooks.of(hooks), page_size)
     source = c.source(items)
     carry: list[WorkItem] = []  # read by a failed run and never admitted: they run first in the next one
     while True:
@@ -254,8 +230,8 @@ def _failed_alone(
     c.failing_in_a_row += 1
     if c.failing_in_a_row > MAX_FAILING_IN_A_ROW:
         # Charge what is left again, so that a shard on a broken engine cannot cycle through the queue for ever.
-        if c._on_admit is not None:
-            c._call(c._on_admit, [work.key, *(w.key for g in groups for w in g)])
+        if c.hooks.admit is not None:
+            c._call(c.hooks.admit, [work.key, *(w.key for g in groups for w in g)])
         raise EngineBroken(
             f"{c.failing_in_a_row} requests in a row made the engine raise alone, none succeeding between: "
             f"the worker's engine is broken (last: {type(exc).__name__}: {exc})"
@@ -267,7 +243,7 @@ def _failed_alone(
     failure = RequestFailure(ENGINE_ERROR, message)
     now = time.time()
     result = ItemResult(work.key, [], len(work.prompt), 0, now, now, error=failure)
-    c._call(c._on_results, [result])
+    c._call(c.hooks.results, [result])
 
 
 def _add(total: RunStats, stats: RunStats) -> None:

@@ -16,18 +16,20 @@ import time
 from typing import Any
 
 from redis.exceptions import RedisError
-from rq.exceptions import StopRequested
+from rq.exceptions import NoSuchJobError, StopRequested
 from rq.job import Job
 from rq.queue import Queue
+from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker, WorkerStatus
 
 from omlx_jobs import defaults
 from omlx_jobs.errors import OmlxError
+from omlx_jobs.jobs import actions, affinity
 from omlx_jobs.jobs import workers as live
-from omlx_jobs.jobs.queue import SHARD_FUNC, priority_queues
+from omlx_jobs.jobs.queue import SHARD_FUNC, get_queue, priority_queues
 from omlx_jobs.store import StoreError
-from omlx_jobs.worker.entry import WorkerContext
+from omlx_jobs.worker.runtime.context import WorkerContext
 
 log = logging.getLogger(__name__)
 
@@ -106,16 +108,12 @@ class OmlxWorker(SimpleWorker):
 
     def _claim_same_group(self) -> tuple[Job, Queue] | None:
         """After a shard, its prefix group's next queued shard, before anything else (jobs/affinity.py)."""
-        from rq.exceptions import NoSuchJobError
-
-        from omlx_jobs.jobs.affinity import claim_same_group
-
         last, self.context.last_shard = self.context.last_shard, None
         if last is None or self.context.stopping:
             return None
         try:
             names = [q.name for q in self.queues]
-            claimed = claim_same_group(self.connection, self.context.store, names, *last)
+            claimed = affinity.claim_same_group(self.connection, self.context.store, names, *last)
             if claimed is None:
                 return None
             rq_id, queue_name = claimed
@@ -144,12 +142,10 @@ class OmlxWorker(SimpleWorker):
         super().run_maintenance_tasks()
         # Redis holds only messages; the store knows which jobs still have pending requests. Re-enqueue those
         # whose shard is gone (a Redis restart without persistence, retries exhausted, a lost hand-back).
-        from omlx_jobs.jobs.actions import reconcile
-
         for queue in self.queues:
             try:
                 # The grace lets running workers re-claim their shards after a Redis restart (one beat).
-                done = reconcile(self.context.store, self.connection, queue.name, grace=self.heartbeat_ttl / 2)
+                done = actions.reconcile(self.context.store, self.connection, queue.name, grace=self.heartbeat_ttl / 2)
                 for job_id in done.requeued:
                     log.warning("job %s had pending requests but no shard in Redis; enqueued it again", job_id)
             except StopRequested:  # SIGTERM while idle: RQ's handler raises this wherever the loop is
@@ -183,8 +179,6 @@ class OmlxWorker(SimpleWorker):
         self.set_state(WorkerStatus.IDLE)
 
     def _refuse(self, job: Job, queue: Queue, reason: str) -> None:
-        from rq.registry import FailedJobRegistry
-
         try:
             FailedJobRegistry(queue=queue).add(job, exc_string=f"refused: {reason}")
         except Exception:
@@ -231,8 +225,6 @@ def serve(
     RQ's work loop quits on a Redis error; the model stays loaded here, so this waits for Redis with
     backoff and starts a new work loop. Jobs whose shards Redis lost are re-enqueued by maintenance.
     """
-    from omlx_jobs.jobs.queue import get_queue
-
     redis = context.redis
     assert redis is not None
     delay = 1.0
@@ -304,15 +296,10 @@ def _release(worker: OmlxWorker) -> None:
 def _nothing_left(context: WorkerContext, redis: Any, queue_name: str, grace: float) -> bool:
     """Burst mode ends when no shard waits or runs, and the store holds no work whose shard Redis lost
     (a shard failed for good, a lost hand-back): reconcile enqueues that, and the worker runs it."""
-    from rq.registry import StartedJobRegistry
-
-    from omlx_jobs.jobs.actions import reconcile
-    from omlx_jobs.jobs.queue import get_queue
-
     queue = get_queue(redis, queue_name)
     # The registry first: counting it requeues abandoned shards, which the queue count must then see. A shard
     # in the intermediate list (its worker died while taking it) goes back to the queue after a minute.
     if StartedJobRegistry(queue=queue).count or queue.count or redis.llen(queue.intermediate_queue_key):
         return False
-    done = reconcile(context.store, redis, queue_name, grace=grace)
+    done = actions.reconcile(context.store, redis, queue_name, grace=grace)
     return not done.requeued and not done.deferred

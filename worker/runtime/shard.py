@@ -23,8 +23,7 @@ from omlx_jobs.jobs.sharding import UNIT
 from omlx_jobs.store import Store, StoreError
 from omlx_jobs.store.pending import PAGE_ROWS, PendingRequest
 from omlx_jobs.store.shards import ShardInfo
-from omlx_jobs.worker.engine.contract import Control
-from omlx_jobs.worker.engine.loop import Engine
+from omlx_jobs.worker.engine.contract import Control, EngineLike, Hooks
 from omlx_jobs.worker.engine.results import ItemResult, PlanTotals, RunStats, completion_row
 from omlx_jobs.worker.engine.sequence import WorkItem
 from omlx_jobs.worker.prompts import PromptError, common_prefix, key_prefix
@@ -91,7 +90,7 @@ class _JobWatch:
 
 def run_shard(
     store: Store,
-    engine: Engine,
+    engine: EngineLike,
     job_id: str,
     start: int = 0,
     end: int | None = None,
@@ -100,8 +99,10 @@ def run_shard(
     on_progress: Callable[[int], None] | None = None,
     worker: str | None = None,
     meter: Callable[[int, int], None] | None = None,
+    page_rows: int = PAGE_ROWS,
 ) -> ShardOutcome:
-    """Generate every pending request of job `job_id` with position (prefix order) in [start, end).
+    """Generate every pending request of job `job_id` with position (prefix order) in [start, end), read from the
+    store `page_rows` at a time.
 
     `worker` names who runs it (recorded with the results, and the model it serves); `meter` gets
     (requests, completion tokens) as results are committed.
@@ -121,13 +122,14 @@ def run_shard(
         lifecycle.finalize_if_done(store, job_id)
         return outcome
     run_id = store.start_run(job_id, start, end, worker or local_worker_name(), engine.loaded.ref)
-    admitted = [False]
+    where = (start, end, shard_row, run_id)
+    run = ShardRun(store, engine, outcome, where, on_progress=on_progress, meter=meter, page_rows=page_rows)
     try:
-        _run(store, engine, job_id, (start, end, shard_row, run_id), outcome, control, on_progress, meter, admitted)
+        run.run(control)
     except Exception as exc:
         with contextlib.suppress(Exception):  # the store may be what failed: keep the original error
             store.finish_run(run_id, "failed", f"{type(exc).__name__}: {exc}")
-            if shard_row is not None and not admitted[0] and not isinstance(exc, StoreError):
+            if shard_row is not None and not run.admitted and not isinstance(exc, StoreError):
                 # Failed before any request started, so no attempt was counted: count the shard's instead.
                 n = store.record_shard_failure(job_id, start, f"{type(exc).__name__}: {exc}")
                 log.warning(
@@ -169,7 +171,11 @@ def _give_up(store: Store, job_id: str, shard: ShardInfo) -> int:
 
 
 def work_items(
-    store: Store, engine: Engine, pending: Iterable[PendingRequest], outcome: ShardOutcome, run_id: int | None = None
+    store: Store,
+    engine: EngineLike,
+    pending: Iterable[PendingRequest],
+    outcome: ShardOutcome,
+    run_id: int | None = None,
 ) -> Iterator[tuple[WorkItem, bytes]]:
     """The engine's work items for pending requests, tokenized, with their sort keys; a request that cannot run
     fails here, alone (too many attempts, a prompt the model cannot take)."""
@@ -212,66 +218,74 @@ def store_results(store: Store, results: list[ItemResult], run_id: int | None = 
     return completed, failed
 
 
-def _run(
-    store: Store,
-    engine: Engine,
-    job_id: str,
-    where: tuple[int, int | None, ShardInfo | None, int],
-    outcome: ShardOutcome,
-    control: Callable[[], Control] | None,
-    on_progress: Callable[[int], None] | None,
-    meter: Callable[[int, int], None] | None,
-    admitted: list[bool],
-) -> None:
-    start, end, shard_row, run_id = where
-    # Rows are read a page at a time and tokenized as the scheduler plans them: memory follows the page.
-    source = ShardInput()
-    rows = source.rows(store.pending_pages(job_id, start, end, page_rows=PAGE_ROWS))
-    source.placed = work_items(store, engine, rows, outcome, run_id)
-    planned = [0, False]  # the trie minimum of the pages planned so far; recorded yet
+class ShardRun:
+    """One run of a shard: its input read a page at a time, and the hooks through which the engine's results,
+    admissions and plans reach the store (what it admitted and planned so far is kept here)."""
 
-    def on_results(results: list[ItemResult]) -> None:
-        completed, failed = store_results(store, results, run_id)
-        outcome.completed += completed
-        outcome.failed += failed
-        if on_progress:
-            on_progress(len(results))
-        if meter:
-            meter(len(results), sum(r.completion_tokens for r in results))
+    def __init__(
+        self,
+        store: Store,
+        engine: EngineLike,
+        outcome: ShardOutcome,
+        where: tuple[int, int | None, ShardInfo | None, int],
+        *,
+        on_progress: Callable[[int], None] | None = None,
+        meter: Callable[[int, int], None] | None = None,
+        page_rows: int = PAGE_ROWS,
+    ) -> None:
+        self.store, self.engine, self.outcome, self.page_rows = store, engine, outcome, page_rows
+        self.start, self.end, self.shard_row, self.run_id = where
+        self.on_progress, self.meter = on_progress, meter
+        self.admitted = False
+        """A request has started (each was charged an attempt): a failure is then no longer the shard's."""
+        self.trie_min_tokens = 0
+        """The trie minimum of the pages planned so far."""
+        self.plan_recorded = False
+        # Rows are read a page at a time and tokenized as the scheduler plans them: memory follows the page.
+        self.source = ShardInput()
+        rows = self.source.rows(store.pending_pages(outcome.job_id, self.start, self.end, page_rows=page_rows))
+        self.source.placed = work_items(store, engine, rows, outcome, self.run_id)
 
-    def record_plan() -> None:
-        if shard_row is not None and not planned[1]:  # once per shard, less what it shares (record_shard_plan)
-            planned[1] = True
-            store.record_shard_plan(job_id, start, planned[0], source.lead, source.tail)
+    def run(self, control: Callable[[], Control] | None) -> None:
+        """Generate the shard's pending requests (failures contained), then settle its accounting."""
+        watch = _JobWatch(self.store, self.outcome.job_id, control)
+        hooks = Hooks(
+            results=self.results, control=watch, admit=self.admit, plan=self.plan, refund=self.store.refund_attempts
+        )
+        stats = run_contained(self.engine, self.source, hooks, page_size=self.page_rows)
+        if stats.input_exhausted:  # the last page was full: no plan call saw the input end
+            self.record_plan()
+        _settle(self.store, self.engine, self.outcome, stats, cancelled=watch.cancelled)
 
-    def on_plan(totals: PlanTotals) -> None:
-        planned[0] += totals.trie_min_tokens
-        if shard_row is None and source.fresh:  # a whole job in one run (`omlx-jobs run`): its minimum is the job's
-            store.add_job_stats(job_id, trie_min_tokens=totals.trie_min_tokens)
-        elif source.exhausted:
-            record_plan()
+    def results(self, results: list[ItemResult]) -> None:
+        completed, failed = store_results(self.store, results, self.run_id)
+        self.outcome.completed += completed
+        self.outcome.failed += failed
+        if self.on_progress:
+            self.on_progress(len(results))
+        if self.meter:
+            self.meter(len(results), sum(r.completion_tokens for r in results))
 
-    def on_admit(keys: list[Any]) -> None:
-        admitted[0] = True
-        store.mark_started(keys)
+    def admit(self, keys: list[Any]) -> None:
+        self.admitted = True
+        self.store.mark_started(keys)
 
-    watch = _JobWatch(store, job_id, control)
-    stats = run_contained(
-        engine,
-        source,
-        on_results,
-        watch,
-        on_admit=on_admit,
-        on_plan=on_plan,
-        refund=store.refund_attempts,
-        page_size=PAGE_ROWS,
-    )
-    if stats.input_exhausted:  # the last page was full: no plan call saw the input end
-        record_plan()
-    _settle(store, engine, outcome, stats, cancelled=watch.cancelled)
+    def plan(self, totals: PlanTotals) -> None:
+        self.trie_min_tokens += totals.trie_min_tokens
+        if self.shard_row is None and self.source.fresh:  # a whole job in one run (`omlx-jobs run`): the job's
+            self.store.add_job_stats(self.outcome.job_id, trie_min_tokens=totals.trie_min_tokens)
+        elif self.source.exhausted:
+            self.record_plan()
+
+    def record_plan(self) -> None:
+        """Record the shard's plan once, less what it shares with its neighbours (Store.record_shard_plan)."""
+        if self.shard_row is not None and not self.plan_recorded:
+            self.plan_recorded = True
+            job_id, source = self.outcome.job_id, self.source
+            self.store.record_shard_plan(job_id, self.start, self.trie_min_tokens, source.lead, source.tail)
 
 
-def _settle(store: Store, engine: Engine, outcome: ShardOutcome, stats: RunStats, *, cancelled: bool) -> None:
+def _settle(store: Store, engine: EngineLike, outcome: ShardOutcome, stats: RunStats, *, cancelled: bool) -> None:
     """Add the run's accounting to the job; cancel what a cancel left unfinished, or count what a stop left."""
     outcome.stats = stats
     store.add_job_stats(

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.worker.cache.prefix_cache import PrefixCache
 from omlx_jobs.worker.engine.config import EngineConfig
-from omlx_jobs.worker.engine.contract import Control
-from omlx_jobs.worker.engine.loop import Engine
+from omlx_jobs.worker.engine.contract import Control, Hooks, ResultsHook
+from omlx_jobs.worker.engine.limits import check_context, max_new_tokens
 from omlx_jobs.worker.engine.results import Choice, ItemResult, PlanTotals, RunStats
 from omlx_jobs.worker.engine.sequence import SequenceState, WorkItem
 from omlx_jobs.worker.engine.stopping import StopStrings, final_text
@@ -33,10 +33,7 @@ log = logging.getLogger(__name__)
 
 
 class SerialEngine:
-    """What the shard runner asks of an Engine, one request at a time on mlx-vlm."""
-
-    max_new_tokens = Engine.max_new_tokens
-    prefix_enabled = False
+    """An engine (engine/contract.EngineLike) that runs one request at a time on mlx-vlm."""
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
         if loaded.vision is None:
@@ -53,7 +50,7 @@ class SerialEngine:
         )
 
     def check(self, tokens: Sequence[int], params: Any, output: OutputParams | None = None) -> None:
-        """Engine.check, less the extras mlx-vlm's loop cannot give (no logits processors of ours, no logprobs,
+        """The Engine's check, less the extras mlx-vlm's loop cannot give (no logits processors of ours, no logprobs,
         no prompt scores): a request that asks for one fails alone, never silently without it."""
         if output is not None and output != OutputParams():
             asked = {
@@ -67,36 +64,33 @@ class SerialEngine:
                 f"{', '.join(k for k, on in asked.items() if on)} cannot run on {self.vm.model_type}, which runs one "
                 "request at a time on mlx-vlm here; drop it, or use a Qwen2-VL / Qwen2.5-VL model",
             )
-        Engine.check(self, tokens, params)  # type: ignore[arg-type]
+        check_context(tokens, self.loaded.context_length)
 
-    def run(
-        self,
-        items: Iterable[WorkItem],
-        on_results: Callable[[list[ItemResult]], None],
-        control: Callable[[], Control] = lambda: Control.RUN,
-        *,
-        on_admit: Callable[[list[Any]], None] | None = None,
-        on_plan: Callable[[PlanTotals], None] | None = None,
-        page_size: int | None = None,
-    ) -> RunStats:
-        """Generate every item in input order (n choices each); stops between requests when control says so."""
-        started, work = time.perf_counter(), list(items)
+    def reset(self) -> None:
+        """Drop the shared samplers after an exception mid-run (nothing is cached here)."""
+        self.samplers = SamplerFactory()
+        self.cache.clear()
+
+    def run(self, items: Iterable[WorkItem], hooks: Hooks | ResultsHook, *, page_size: int | None = None) -> RunStats:
+        """Generate every item in input order (n choices each); stops between requests when hooks.control says so.
+        The whole input is read at once (`page_size` is the Engine's; one request at a time needs no plan)."""
+        started, work, hooks = time.perf_counter(), list(items), Hooks.of(hooks)
         total = sum(len(w.prompt) * w.params.n for w in work)
         stats = RunStats(prompt_tokens=total, trie_min_tokens=total)
-        if on_plan is not None:
-            on_plan(PlanTotals(prompt_tokens=total, trie_min_tokens=total))
+        if hooks.plan is not None:
+            hooks.plan(PlanTotals(prompt_tokens=total, trie_min_tokens=total))
         for i, item in enumerate(work):
-            if control() is not Control.RUN:
+            if hooks.control() is not Control.RUN:
                 stats.unfinished = [w.key for w in work[i:]]
                 break
-            if on_admit is not None:
-                on_admit([item.key])
+            if hooks.admit is not None:
+                hooks.admit([item.key])
             begun = time.time()
             done = [self._generate(item, c, stats) for c in range(item.params.n)]
             prompt_tokens = done[0][1]  # as the processor expanded it, image tokens included
             stats.prefill_tokens += prompt_tokens * item.params.n
             choices = [choice for choice, _ in done]
-            on_results([ItemResult(item.key, choices, prompt_tokens, 0, begun, time.time())])
+            hooks.results([ItemResult(item.key, choices, prompt_tokens, 0, begun, time.time())])
         stats.peak_live_items = 1 if work else 0
         stats.seconds = time.perf_counter() - started
         return stats
@@ -109,7 +103,7 @@ class SerialEngine:
         text, pixels = self._inputs(item)
         stops = StopStrings(params.stop, self.tokenizer.detokenizer) if params.stop else None
         seq = SequenceState(0, choice, stops)
-        limit = self.max_new_tokens(len(item.prompt), params)
+        limit = max_new_tokens(len(item.prompt), params, self.loaded.context_length)
         reason, prompt_tokens = "length", len(item.prompt)
         tokenizer = self.vm.tokenizer
         saved = tokenizer.stopping_criteria
