@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omlx_jobs.errors import ErrorCode
+from omlx_jobs.jobs.stored_logprobs import Entry, StoredLogprobs
 from omlx_jobs.store.rows import CompletionRow
 
 
@@ -21,9 +22,9 @@ class Choice:
     finish_reason: str
     completion_tokens: int
     token_ids: list[int]
-    logprobs: list[Any] | None = None
-    """Its tokens' logprobs in worker/logprobs.py's stored entry form, when asked for."""
-    prompt_logprobs: list[Any] | None = None
+    logprobs: list[Entry] | None = None
+    """Its tokens' logprobs in their stored entry form (jobs/stored_logprobs.py), when asked for."""
+    prompt_logprobs: list[Entry] | None = None
     """echo with logprobs: the prompt's entries (the same for every choice)."""
 
 
@@ -71,13 +72,10 @@ def completion_row(result: ItemResult) -> CompletionRow:
 
 
 def _stored_logprobs(choices: list[Choice]) -> dict[str, Any] | None:
-    """The logprobs column (worker/logprobs.py's stored form, version 1), or None when none were asked for."""
+    """The logprobs column (jobs/stored_logprobs.py's form), or None when none were asked for."""
     if all(c.logprobs is None for c in choices):
         return None
-    stored: dict[str, Any] = {"v": 1, "choices": [c.logprobs or [] for c in choices]}
-    if choices[0].prompt_logprobs is not None:
-        stored["prompt"] = choices[0].prompt_logprobs
-    return stored
+    return StoredLogprobs([c.logprobs or [] for c in choices], choices[0].prompt_logprobs).to_json()
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -157,7 +156,6 @@ class GrammarCache:
     max_entries: int = GRAMMAR_CACHE_ENTRIES
     hits: int = 0
     misses: int = 0
-    compile_seconds: float = 0.0
     _entries: collections.OrderedDict[str, Any] = field(default_factory=collections.OrderedDict)
 
     def constraint(self, fmt: ResponseFormat) -> Constraint:
@@ -175,11 +173,9 @@ class GrammarCache:
         return Constraint(template.deep_copy(), self.tokenizer)
 
     def _compile(self, fmt: ResponseFormat) -> Any:
-        t0 = time.perf_counter()
         matcher = llguidance.LLMatcher(self.tokenizer.ll, fmt.grammar(), log_level=0)
         if matcher.is_error():
             raise GrammarError(f"the response_format schema does not compile: {matcher.get_error().splitlines()[0]}")
         # The lexer is built lazily by the first mask; do it here so every copy starts warm.
         matcher.compute_bitmask()
-        self.compile_seconds += time.perf_counter() - t0
         return matcher

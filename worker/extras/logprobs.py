@@ -1,9 +1,8 @@
-"""Logprobs in the worker: collected per decode step from logprob vectors, and kept in a compact stored form.
+"""Logprobs in the worker: collected per decode step from logprob vectors, and turned into their stored form.
 
 The engine hands over, per choice, a list of TokenLogprob (token id, logprob, the top alternatives). The store
-keeps `stored_logprobs(...)`: JSON with token pieces instead of ids, so results render without a tokenizer
-(jobs/logprobs.py renders them in OpenAI's formats). A piece is the token's text when its bytes are valid UTF-8
-on their own, else the list of its bytes (a token can hold part of a character).
+keeps them in jobs/stored_logprobs.py's form: token pieces instead of ids, so results render without a tokenizer
+(jobs/logprobs.py renders them in OpenAI's formats); `stored_entries` writes a choice's entries.
 """
 
 from __future__ import annotations
@@ -16,11 +15,10 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-STORED_VERSION = 1
+from omlx_jobs.jobs.stored_logprobs import Entry, Piece, StoredLogprobs, StoredToken, encode
+
 # What OpenAI returns for a probability that rounds to zero; JSON has no -Infinity.
 FLOOR = -9999.0
-
-Piece = str | list[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,11 +91,18 @@ def _number(x: float | None) -> float | None:
     return max(float(str(np.float32(x))), FLOOR)
 
 
-def _entry(t: TokenLogprob, pieces: TokenPieces, with_top: bool) -> list[Any]:
-    entry: list[Any] = [pieces[t.token], _number(t.logprob)]
-    if with_top:
-        entry.append(None if t.logprob is None else [[pieces[a], _number(b)] for a, b in t.top])
-    return entry
+def stored_token(t: TokenLogprob, pieces: TokenPieces, with_top: bool) -> StoredToken:
+    """A token in the stored form: its piece, its logprob rounded as float32, and its alternatives if asked for
+    (none for a prompt's first token)."""
+    top = None if not with_top or t.logprob is None else tuple((pieces[a], _number(b)) for a, b in t.top)
+    return StoredToken(pieces[t.token], _number(t.logprob), top)  # type: ignore[arg-type]
+
+
+def stored_entries(tokens: Sequence[TokenLogprob], pieces: TokenPieces, *, top_logprobs: int) -> list[Entry]:
+    """One choice's (or an echoed prompt's) entries; alternatives when top_logprobs > 0 (chat's top_logprobs,
+    completions' logprobs)."""
+    with_top = top_logprobs > 0
+    return encode([stored_token(t, pieces, with_top) for t in tokens], with_top=with_top)
 
 
 def stored_logprobs(
@@ -107,13 +112,8 @@ def stored_logprobs(
     top_logprobs: int,
     prompt: Sequence[TokenLogprob] | None = None,
 ) -> dict[str, Any]:
-    """The JSON a request's result keeps: one entry list per choice, and the prompt's with echo.
-
-    An entry is [piece, logprob] or, when alternatives were asked for (top_logprobs > 0; chat's top_logprobs,
-    completions' logprobs), [piece, logprob, [[piece, logprob], ...]] (null for a prompt's first token).
-    """
-    with_top = top_logprobs > 0
-    out: dict[str, Any] = {"v": STORED_VERSION, "choices": [[_entry(t, pieces, with_top) for t in c] for c in choices]}
-    if prompt is not None:
-        out["prompt"] = [_entry(t, pieces, with_top) for t in prompt]
-    return out
+    """The JSON a request's result keeps (jobs/stored_logprobs.py): one entry list per choice, the prompt's with
+    echo."""
+    entries = [stored_entries(c, pieces, top_logprobs=top_logprobs) for c in choices]
+    echoed = stored_entries(prompt, pieces, top_logprobs=top_logprobs) if prompt is not None else None
+    return StoredLogprobs(entries, echoed).to_json()

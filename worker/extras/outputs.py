@@ -35,7 +35,7 @@ from omlx_jobs.worker.extras.logits import (
     logits_width,
     row_logits,
 )
-from omlx_jobs.worker.extras.logprobs import TokenLogprob, TokenPieces, step_logprobs, stored_logprobs
+from omlx_jobs.worker.extras.logprobs import TokenLogprob, TokenPieces, step_logprobs, stored_entries
 from omlx_jobs.worker.models.loaded import LoadedModel
 from omlx_jobs.worker.prompts import Prompt
 
@@ -43,6 +43,24 @@ from omlx_jobs.worker.prompts import Prompt
 def engine_eos(loaded: LoadedModel) -> list[int]:
     """The full EOS set (tokenizer and config), which the engine stops on and grammars end with."""
     return sorted(model_eos_ids(loaded.tokenizer, loaded.config, 1 << 31))
+
+
+@dataclass(frozen=True)
+class Grammars:
+    """The model's vocabulary as grammars and stored logprobs see it, built once on first use (about a second)."""
+
+    tokenizer: GrammarTokenizer
+    """llguidance's view of the vocabulary (it also knows every token's exact bytes)."""
+    compiled: GrammarCache
+    """Compiled grammars by response format."""
+    pieces: TokenPieces
+    """Each token's piece in the stored logprobs."""
+
+    @classmethod
+    def build(cls, loaded: LoadedModel, width: int) -> Grammars:
+        eos = model_eos_ids(loaded.tokenizer, loaded.config, width)
+        tokenizer = GrammarTokenizer.build(loaded.tokenizer, width, eos)
+        return cls(tokenizer, GrammarCache(tokenizer), TokenPieces.from_grammar_tokenizer(tokenizer))
 
 
 @dataclass
@@ -74,10 +92,11 @@ class ChoiceOutputs:
         error = self.logits.constraint.error if self.logits.constraint is not None else None
         if not self.output.logprobs:
             return self.prompt_text, None, None, error
-        stored = stored_logprobs(
-            [self.tokens[:kept]], outputs.pieces, top_logprobs=self.output.top_logprobs, prompt=self.prompt_entries
-        )
-        return self.prompt_text, stored["choices"][0], stored.get("prompt"), error
+        top = self.output.top_logprobs
+        entries = stored_entries(self.tokens[:kept], outputs.pieces, top_logprobs=top)
+        prompt = self.prompt_entries
+        echoed = stored_entries(prompt, outputs.pieces, top_logprobs=top) if prompt is not None else None
+        return self.prompt_text, entries, echoed, error
 
 
 class Outputs:
@@ -86,7 +105,7 @@ class Outputs:
     def __init__(self, loaded: LoadedModel, cache: PrefixCache, routing: Routing | None = None) -> None:
         self.loaded, self.cache = loaded, cache
         self._width: int | None = None
-        self._grammar: tuple[GrammarTokenizer, GrammarCache, TokenPieces] | None = None
+        self._grammars: Grammars | None = None
         self.echo = EchoScorer(loaded.model, cache, routing or Routing())
         self._batch: BatchLogits | None = None
 
@@ -101,27 +120,24 @@ class Outputs:
             self._width = logits_width(self.loaded.model)
         return self._width
 
-    def grammar(self) -> tuple[GrammarTokenizer, GrammarCache, TokenPieces]:
-        if self._grammar is None:
-            width = self.width
-            tok = GrammarTokenizer.build(
-                self.loaded.tokenizer, width, model_eos_ids(self.loaded.tokenizer, self.loaded.config, width)
-            )
-            self._grammar = (tok, GrammarCache(tok), TokenPieces.from_grammar_tokenizer(tok))
-        return self._grammar
+    @property
+    def grammars(self) -> Grammars:
+        if self._grammars is None:
+            self._grammars = Grammars.build(self.loaded, self.width)
+        return self._grammars
 
     def check(self, output: OutputParams) -> None:
         """Raise PromptError if this request's extras cannot run on this model (it then fails alone)."""
         if output.logit_bias:
             check_logit_bias(output.logit_bias, self.width)
         if output.response_format is not None:
-            self.grammar()[1].constraint(output.response_format)  # compiles once; a copy is dropped
+            self.grammars.compiled.constraint(output.response_format)  # compiles once; a copy is dropped
 
     def choice(self, output: OutputParams, prompt: Prompt, penalties: list[Any]) -> ChoiceOutputs | None:
         """A choice's extras and its processors (penalties included); None when it asks for nothing."""
         if output == OutputParams():
             return None
-        grammars = self.grammar()[1] if output.response_format is not None else None
+        grammars = self.grammars.compiled if output.response_format is not None else None
         width = self.width if output.logit_bias else 0
         logits = self._logits(output, grammars, width, penalties)
         co = ChoiceOutputs(output, logits, position=len(prompt))
@@ -147,7 +163,7 @@ class Outputs:
     def step_logits(self, logits: mx.array, parts: list[Any], tokens: list[int]) -> mx.array:
         """Bias and mask every row of a decode step in one call (backend.StepLogits; BatchLogits does it)."""
         if self._batch is None:
-            self._batch = BatchLogits(self.grammar()[0])
+            self._batch = BatchLogits(self.grammars.tokenizer)
         return self._batch.apply(logits, [p.row if p is not None else None for p in parts], tokens)
 
     def collect(self, rows: Sequence[tuple[Any, Any]]) -> None:
@@ -173,9 +189,9 @@ class Outputs:
 
     @property
     def pieces(self) -> TokenPieces:
-        return self.grammar()[2]
+        return self.grammars.pieces
 
     def _text(self, tokens: Sequence[int]) -> str:
         """The prompt's text as its tokens' bytes read (so echo's text_offset points into it)."""
-        raw = self.grammar()[0].ll.decode_bytes(list(tokens))
+        raw = self.grammars.tokenizer.ll.decode_bytes(list(tokens))
         return bytes(raw).decode("utf-8", errors="replace")
