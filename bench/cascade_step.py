@@ -39,9 +39,9 @@ from bench.steps import floor, graph_nodes, own_caches, random_array, stacked_ms
 from omlx_jobs.defaults import Switches
 from omlx_jobs.worker.attention import cascade, cascade_decode, routing
 from omlx_jobs.worker.attention import fused as cascade_fused
-from omlx_jobs.worker.attention import prefix_kernel as cascade_prefix
-from omlx_jobs.worker.attention import ragged as attention  # the worker package loads a fast BLAS first
-from omlx_jobs.worker.attention import suffix_kernel as cascade_kernel
+from omlx_jobs.worker.attention.kernels import prefix as cascade_prefix
+from omlx_jobs.worker.attention.kernels import ragged as attention  # the worker package loads a fast BLAS first
+from omlx_jobs.worker.attention.kernels import suffix as cascade_kernel
 from omlx_jobs.worker.attention.options import CascadeOptions, Routing
 from omlx_jobs.worker.attention.parts import Level, merge
 from omlx_jobs.worker.backend.cascade_cache import CascadeKVCache, Segment

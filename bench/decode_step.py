@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.models import load_bench_model
 from bench.steps import timed
-from omlx_jobs.worker.attention import ragged as attention  # the worker package loads a fast BLAS before mlx
 from omlx_jobs.worker.attention import routing
+from omlx_jobs.worker.attention.kernels import ragged as attention  # the worker package loads a fast BLAS before mlx
 from omlx_jobs.worker.attention.options import Routing
 
 

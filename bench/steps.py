@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from omlx_jobs.worker.attention import ragged as attention  # the worker package loads a fast BLAS before mlx
 from omlx_jobs.worker.attention import routing
+from omlx_jobs.worker.attention.kernels import ragged as attention  # the worker package loads a fast BLAS before mlx
 from omlx_jobs.worker.attention.options import Routing
 
 VIEW_PRIMITIVES = frozenset(

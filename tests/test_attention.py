@@ -14,8 +14,10 @@ import mlx.core as mx
 import pytest
 
 from omlx_jobs.defaults import Switches
-from omlx_jobs.worker.attention import ragged as attention
 from omlx_jobs.worker.attention import routing
+from omlx_jobs.worker.attention.kernels import cuda
+from omlx_jobs.worker.attention.kernels import ragged as attention
+from omlx_jobs.worker.attention.kernels import suffix as suffix_kernel
 from omlx_jobs.worker.attention.options import Routing
 from omlx_jobs.worker.engine.config import EngineConfig
 from omlx_jobs.worker.engine.loop import Engine
@@ -97,7 +99,18 @@ def test_only_on_cuda_and_only_for_checked_models_and_shapes(tiny_model_dir: Pat
 
 def test_kernel_names_carry_a_hash_of_their_code() -> None:
     """mlx caches compiled kernels on disk by name: a changed kernel must not run an old binary."""
-    a = attention.kernel_name("omlx_k", "out[0] = 1;", "")
-    assert a == attention.kernel_name("omlx_k", "out[0] = 1;", "") and a.startswith("omlx_k_")
-    assert a != attention.kernel_name("omlx_k", "out[0] = 2;", "")
-    assert a != attention.kernel_name("omlx_k", "out[0] = 1;", "#define X 1\n")
+    a = cuda.kernel_name("omlx_k", "out[0] = 1;", "")
+    assert a == cuda.kernel_name("omlx_k", "out[0] = 1;", "") and a.startswith("omlx_k_")
+    assert a != cuda.kernel_name("omlx_k", "out[0] = 2;", "")
+    assert a != cuda.kernel_name("omlx_k", "out[0] = 1;", "#define X 1\n")
+
+
+def test_the_decode_kernels_share_one_online_softmax_loop() -> None:
+    """The ragged kernel and the cascade suffix kernel are one loop (cuda.decode_source), the suffix kernel starting
+    each head from the prefix's parts; each source holds the loop once, and their names (hashed) differ."""
+    loop = "for (int j = start[b] + w; j < length; j += BN)"
+    for source in (attention.SOURCE, suffix_kernel.SOURCE):
+        assert source.count(loop) == 1 and source.endswith(cuda._KEYS_AND_COMBINE)
+    assert "lse_pre" in suffix_kernel.SOURCE and "lse_pre" not in attention.SOURCE
+    names = {cuda.kernel_name("k", s, cuda.DECODE_HEADER) for s in (attention.SOURCE, suffix_kernel.SOURCE)}
+    assert len(names) == 2

@@ -13,8 +13,9 @@ import functools
 import mlx.core as mx
 import pytest
 
-from omlx_jobs.worker.attention import cascade, parts, prefix_kernel
-from omlx_jobs.worker.attention import suffix_kernel as cascade_kernel
+from omlx_jobs.worker.attention import cascade, parts
+from omlx_jobs.worker.attention.kernels import prefix as prefix_kernel
+from omlx_jobs.worker.attention.kernels import suffix as cascade_kernel
 from omlx_jobs.worker.attention.options import CascadeOptions
 from tests.cascade_cases import OWN, case
 

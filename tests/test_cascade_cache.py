@@ -19,7 +19,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from omlx_jobs.worker.attention import cascade, routing
-from omlx_jobs.worker.attention import suffix_kernel as cascade_kernel
+from omlx_jobs.worker.attention.kernels import suffix as cascade_kernel
 from omlx_jobs.worker.attention.options import CascadeOptions, Routing
 from omlx_jobs.worker.backend.cascade_cache import OWN_STEP, CascadeKVCache, SharedPrefix, SharedPrefixes, row_caches
 from omlx_jobs.worker.cache import kv

@@ -223,8 +223,8 @@ def test_the_cuda_path_with_its_kernels_references(
 ) -> None:
     """What runs on CUDA (the ragged kernel for rows without levels, the cascade kernel for own suffixes), with
     each kernel's mx-ops reference in its place, on a model with 64-wide heads: today's tokens."""
-    from omlx_jobs.worker.attention import ragged as attention
-    from omlx_jobs.worker.attention import suffix_kernel as cascade_kernel
+    from omlx_jobs.worker.attention.kernels import ragged as attention
+    from omlx_jobs.worker.attention.kernels import suffix as cascade_kernel
     from omlx_jobs.worker.loading import load
     from tests.tiny_model import build_tiny_model
 
@@ -270,9 +270,9 @@ def test_the_cuda_path_with_the_prefix_kernel_reference(
     reference, through a continuous batch whose size changes as rows finish and are admitted, compiled as on GPUs:
     today's tokens."""
     from omlx_jobs.worker.attention import cascade_decode
-    from omlx_jobs.worker.attention import prefix_kernel as cascade_prefix
-    from omlx_jobs.worker.attention import ragged as attention
-    from omlx_jobs.worker.attention import suffix_kernel as cascade_kernel
+    from omlx_jobs.worker.attention.kernels import prefix as cascade_prefix
+    from omlx_jobs.worker.attention.kernels import ragged as attention
+    from omlx_jobs.worker.attention.kernels import suffix as cascade_kernel
     from omlx_jobs.worker.loading import load
     from tests.tiny_model import build_tiny_model
 

@@ -11,8 +11,8 @@ import pytest
 
 from omlx_jobs.defaults import Switches
 from omlx_jobs.worker.attention import cascade, parts, routing
-from omlx_jobs.worker.attention import prefix_kernel as cascade_prefix
-from omlx_jobs.worker.attention import suffix_kernel as cascade_kernel
+from omlx_jobs.worker.attention.kernels import prefix as cascade_prefix
+from omlx_jobs.worker.attention.kernels import suffix as cascade_kernel
 from omlx_jobs.worker.attention.options import CascadeOptions
 from tests.cascade_cases import case
 

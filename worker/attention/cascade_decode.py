@@ -14,7 +14,9 @@ from typing import Any
 
 import mlx.core as mx
 
-from omlx_jobs.worker.attention import fused, prefix_kernel, ragged
+from omlx_jobs.worker.attention import fused
+from omlx_jobs.worker.attention.kernels import prefix as prefix_kernel
+from omlx_jobs.worker.attention.kernels import ragged
 from omlx_jobs.worker.attention.options import CascadeOptions, Graphs
 from omlx_jobs.worker.attention.parts import NEG_INF, Level, merge_pair, scatter_rows, softmax_v
 

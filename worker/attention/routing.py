@@ -24,7 +24,10 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from omlx_jobs.defaults import Switches
-from omlx_jobs.worker.attention import cascade, cpu_prefill, prefix_kernel, ragged, suffix_kernel
+from omlx_jobs.worker.attention import cascade, cpu_prefill
+from omlx_jobs.worker.attention.kernels import prefix as prefix_kernel
+from omlx_jobs.worker.attention.kernels import ragged
+from omlx_jobs.worker.attention.kernels import suffix as suffix_kernel
 from omlx_jobs.worker.attention.options import CascadeOptions, Routing
 
 MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})

@@ -15,7 +15,8 @@ from mlx_lm.generate import _merge_caches, _right_pad_prompts, generation_stream
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
 from omlx_jobs.defaults import Switches
-from omlx_jobs.worker.attention import ragged, routing
+from omlx_jobs.worker.attention import routing
+from omlx_jobs.worker.attention.kernels import ragged
 from omlx_jobs.worker.backend.cascade_batch import CascadeBatch
 from omlx_jobs.worker.backend.decode import DecodeBatch
 from omlx_jobs.worker.backend.rows import Batch, Caches, StepLogits

@@ -16,40 +16,22 @@ from typing import Any
 
 import mlx.core as mx
 
-from omlx_jobs.worker.attention import ragged
+from omlx_jobs.worker.attention.kernels import ragged
+from omlx_jobs.worker.attention.kernels.cuda import DECODE_HEADER, cuda_kernel, decode_source, scale_array
 from omlx_jobs.worker.attention.parts import attend, merge
 
-_SOURCE = """
+SOURCE = decode_source(
+    """
     // One block per (row, kv head), as the ragged kernel: WARPS warps take every WARPS-th key of the row's own
     // suffix from its first real key on, with an online softmax in base 2. Warp w starts from the prefix parts
     // w, w + WARPS, ... (part p: m = lse, s = 1, o = o_pre: exactly the state after its keys), merged; the warps'
-    // states are combined in shared memory at the end, so the parts are merged with the suffix exactly.
-    constexpr int BN = WARPS;
-    constexpr int VPT = D / 32;
-    auto block = cg::this_thread_block();
-    auto warp = cg::tiled_partition<32>(block);
-    const int lane = warp.thread_rank();
-    const int w = warp.meta_group_rank();
-    const int kv_heads = k_shape[1];
-    const int b = blockIdx.x / kv_heads;
-    const int kvh = blockIdx.x % kv_heads;
-    const int length = k_shape[2];
-    const float scale_log2 = scale[0] * LOG2E;
-
-    const T* kp = k + b * k_strides[0] + kvh * k_strides[1] + lane * VPT;
-    const T* vp = v + b * v_strides[0] + kvh * v_strides[1] + lane * VPT;
+    // states are combined in shared memory at the end, so the parts are merged with the suffix exactly.""",
+    declarations="""
     const int parts = lse_pre_shape[0];
     const int part_heads = lse_pre_shape[1];  // B * H: the stride of a part
-    float qv[G][VPT], o[G][VPT], m[G], s[G];
-    for (int g = 0; g < G; g++) {
+""",
+    start_state="""
         const int head = (b * kv_heads + kvh) * G + g;
-        const T* qp = q + b * q_strides[0] + (kvh * G + g) * q_strides[1] + lane * VPT;
-        for (int i = 0; i < VPT; i++) {
-            qv[g][i] = scale_log2 * static_cast<float>(qp[i]);
-            o[g][i] = 0.f;
-        }
-        m[g] = NEG_INF;
-        s[g] = 0.f;
         for (int p = w; p < parts; p += BN) {
             const int at = p * part_heads + head;
             const float l2 = lse_pre[at] * LOG2E;
@@ -60,61 +42,10 @@ _SOURCE = """
             s[g] = s[g] * f + e;
             for (int i = 0; i < VPT; i++) o[g][i] = o[g][i] * f + e * o_pre[at * D + lane * VPT + i];
             m[g] = m_new;
-        }
-    }
-    for (int j = start[b] + w; j < length; j += BN) {
-        float kj[VPT], vj[VPT];
-        for (int i = 0; i < VPT; i++) {
-            kj[i] = static_cast<float>(kp[j * k_strides[2] + i]);
-            vj[i] = static_cast<float>(vp[j * v_strides[2] + i]);
-        }
-        for (int g = 0; g < G; g++) {
-            float score = 0.f;
-            for (int i = 0; i < VPT; i++) score += qv[g][i] * kj[i];
-            score = cg::reduce(warp, score, cg::plus<float>());
-            const float m_new = fmaxf(m[g], score);
-            const float f = exp2f(m[g] - m_new);
-            const float e = exp2f(score - m_new);
-            s[g] = s[g] * f + e;
-            for (int i = 0; i < VPT; i++) o[g][i] = o[g][i] * f + e * vj[i];
-            m[g] = m_new;
-        }
-    }
-
-    __shared__ float sm_m[BN];
-    __shared__ float sm_s[BN];
-    __shared__ float sm_o[BN][D];
-    const int t = block.thread_rank();
-    for (int g = 0; g < G; g++) {
-        if (lane == 0) {
-            sm_m[w] = m[g];
-            sm_s[w] = s[g];
-        }
-        for (int i = 0; i < VPT; i++) sm_o[w][lane * VPT + i] = o[g][i];
-        block.sync();
-        if (t < D) {
-            float mm = NEG_INF;
-            for (int i = 0; i < BN; i++) mm = fmaxf(mm, sm_m[i]);
-            float ss = 0.f, oo = 0.f;
-            for (int i = 0; i < BN; i++) {
-                const float f = sm_m[i] == NEG_INF ? 0.f : exp2f(sm_m[i] - mm);
-                ss += sm_s[i] * f;
-                oo += sm_o[i][t] * f;
-            }
-            out[(b * kv_heads * G + kvh * G + g) * D + t] = static_cast<T>(oo / ss);
-        }
-        block.sync();
-    }
-"""
-
-_HEADER = (
-    "#include <cooperative_groups/reduce.h>\n"
-    "#define NEG_INF __int_as_float(0xff800000)\n"
-    "#define LOG2E 1.44269504088896340736f\n"
+        }""",
 )
 _WARPS = 8
 _kernel: Any = None
-_scales: dict[float, mx.array] = {}
 
 
 def suffix_decode(
@@ -130,24 +61,22 @@ def suffix_decode(
     """
     global _kernel
     if _kernel is None:
-        _kernel = ragged.cuda_kernel(
+        _kernel = cuda_kernel(
             "omlx_cascade_suffix_decode",
-            _SOURCE,
-            _HEADER,
+            SOURCE,
+            DECODE_HEADER,
             input_names=["q", "k", "v", "start", "o_pre", "lse_pre", "scale"],
             output_names=["out"],
             ensure_row_contiguous=False,
         )
     batch, heads, _, dim = q.shape
     kv_heads = k.shape[1]
-    if scale not in _scales:
-        _scales[scale] = mx.array([scale], dtype=mx.float32)
     if start.dtype != mx.int32:
         start = start.astype(mx.int32)
     o_pre = mx.contiguous(o_pre).reshape(-1, batch * heads * dim)
     lse_pre = mx.contiguous(lse_pre).reshape(-1, batch * heads)
     (out,) = _kernel(
-        inputs=[q, k, v, start, o_pre, lse_pre, _scales[scale]],
+        inputs=[q, k, v, start, o_pre, lse_pre, scale_array(scale)],
         template=[("T", q.dtype), ("D", dim), ("G", heads // kv_heads), ("WARPS", _WARPS)],
         grid=(batch * kv_heads * _WARPS * 32, 1, 1),
         threadgroup=(_WARPS * 32, 1, 1),

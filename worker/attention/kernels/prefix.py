@@ -23,8 +23,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from omlx_jobs.worker.attention.kernels.cuda import cuda_kernel, scale_array
 from omlx_jobs.worker.attention.parts import NEG_INF, attend
-from omlx_jobs.worker.attention.ragged import cuda_kernel
 
 HEAD_DIMS = frozenset({64, 96, 128})
 DTYPES = (mx.bfloat16, mx.float16)
@@ -247,7 +247,6 @@ _SOURCE = """
 """
 
 _kernel: Any = None
-_scales: dict[float, mx.array] = {}
 _no_rows = None
 
 
@@ -301,13 +300,11 @@ def prefix_decode(
         if len(_launches) >= 1024:
             _launches.clear()
         launch = _launches[key] = _launch(q.dtype, heads, dim, kv_heads, length, r, rows is not None)
-    if scale not in _scales:
-        _scales[scale] = mx.array([scale], dtype=mx.float32)
     if values.dtype != q.dtype or keys.dtype != q.dtype:
         keys, values = keys.astype(q.dtype), values.astype(q.dtype)
     if rows is not None and rows.dtype != mx.int32:
         rows = rows.astype(mx.int32)
-    o, lse = _kernel(inputs=[q, keys, values, _no_rows if rows is None else rows, _scales[scale]], **launch)
+    o, lse = _kernel(inputs=[q, keys, values, _no_rows if rows is None else rows, scale_array(scale)], **launch)
     return o, lse
 
 
