@@ -20,10 +20,10 @@ from omlx_jobs.worker.models.loaded import LoadedModel
 class Control(enum.Enum):
     """What the caller says between steps."""
 
-    RUN = "run"
-    DRAIN = "drain"  # admit nothing new; let in-flight requests finish
-    STOP = "stop"  # stop now; unfinished requests stay pending (they run again later)
-    CANCEL = "cancel"  # stop now; unfinished requests are reported for cancellation
+    RUN = enum.auto()
+    DRAIN = enum.auto()  # admit nothing new; let in-flight requests finish
+    STOP = enum.auto()  # stop now; unfinished requests stay pending (they run again later)
+    CANCEL = enum.auto()  # stop now; unfinished requests are reported for cancellation
 
 
 def keep_running() -> Control:

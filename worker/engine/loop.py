@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from omlx_jobs.errors import ErrorCode
+from omlx_jobs.errors import ErrorCode, FinishReason
 from omlx_jobs.jobs.formats import SamplingParams
 from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.worker.backend.model import ModelBackend
@@ -249,7 +249,7 @@ class Engine:
             return False
         cached = self.warmups.charges.cached(a.work.prompt.key, len(a.work.prompt) - scored)
         run.collector.start(a.item, a.work, cached=cached)
-        self._finish(run, seq, "length")
+        self._finish(run, seq, FinishReason.LENGTH)
         return True
 
     def _start_from_logits(self, run: _Run, pending: list[_FromLogits]) -> None:

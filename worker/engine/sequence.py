@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from omlx_jobs.errors import FinishReason
 from omlx_jobs.jobs.formats import SamplingParams
 from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.worker.engine.results import Choice, ItemResult, RequestFailure
@@ -51,22 +52,22 @@ class SequenceState:
     def consume(self, tokens: Sequence[int], finish: str | None) -> str | None:
         """Take one step's tokens (the backend's finish reason for them); returns why the sequence ended, if it did.
 
-        finish "stop" means the last token ends the sequence (an EOS token: counted, not kept); a stop string
-        ends it with "stop" too, at the token that completes it, and later tokens of the step are dropped.
+        finish STOP means the last token ends the sequence (an EOS token: counted, not kept); a stop string
+        ends it with STOP too, at the token that completes it, and later tokens of the step are dropped.
         """
         if len(tokens) == 1 and self.stops is None:  # the common case, once per row and step: kept short
             self.generated += 1
-            if finish != "stop":
+            if finish != FinishReason.STOP:
                 self.tokens.append(tokens[0])
             return finish
         last = len(tokens) - 1
         for i, token in enumerate(tokens):
             self.generated += 1
-            if i == last and finish == "stop":
-                return "stop"
+            if i == last and finish == FinishReason.STOP:
+                return FinishReason.STOP
             self.tokens.append(token)
             if self.stops is not None and self.stops.hit(token):
-                return "stop"
+                return FinishReason.STOP
         return finish
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from omlx_jobs.errors import FinishReason
+
 
 class StopStrings:
     """Finds a request's stop strings in one sequence's text, detokenizing one token at a time."""
@@ -32,5 +34,5 @@ def final_text(text: str, stops: tuple[str, ...], reason: str) -> tuple[str, str
     """The output text, cut before the first stop string if there is one, and the finish reason then."""
     cut = min((p for p in (text.find(s) for s in stops) if p >= 0), default=-1)
     if cut >= 0:
-        return text[:cut], "stop"
+        return text[:cut], FinishReason.STOP
     return text, reason

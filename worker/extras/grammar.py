@@ -19,6 +19,7 @@ import llguidance
 import llguidance.numpy as llnp
 import numpy as np
 
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.response_format import ResponseFormat
 from omlx_jobs.worker.prompts import PromptError
 
@@ -29,7 +30,7 @@ class GrammarError(PromptError):
     """A request whose grammar cannot run on this model; it fails alone."""
 
     def __init__(self, message: str) -> None:
-        super().__init__("grammar_error", message)
+        super().__init__(ErrorCode.GRAMMAR_ERROR, message)
 
 
 def model_eos_ids(tokenizer: Any, config: dict[str, Any], vocab_size: int) -> frozenset[int]:

@@ -17,6 +17,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.worker.extras.grammar import Constraint, GrammarCache, GrammarTokenizer, fill_masks
 from omlx_jobs.worker.prompts import PromptError
@@ -75,7 +76,8 @@ def check_logit_bias(bias: Sequence[tuple[int, float]], vocab_size: int) -> None
     bad = [t for t, _ in bias if t >= vocab_size]
     if bad:
         raise PromptError(
-            "invalid_logit_bias", f"logit_bias names token id {bad[0]}, outside the vocabulary (size {vocab_size})"
+            ErrorCode.INVALID_LOGIT_BIAS,
+            f"logit_bias names token id {bad[0]}, outside the vocabulary (size {vocab_size})",
         )
 
 

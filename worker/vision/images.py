@@ -19,6 +19,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs import images as sources
 from omlx_jobs.jobs.images import ImageAccess, ImageSourceError
 from omlx_jobs.worker.prompts import ImageError
@@ -28,10 +29,10 @@ MAX_REDIRECTS = 5
 
 # Codes a request's image can fail with in the worker (submit-time codes included: the worker checks again).
 IMAGE_ERROR_CODES = sources.IMAGE_SOURCE_CODES | {
-    "truncated_image",
-    "image_too_many_pixels",
-    "image_unreachable",
-    "images_not_supported",
+    ErrorCode.TRUNCATED_IMAGE,
+    ErrorCode.IMAGE_TOO_MANY_PIXELS,
+    ErrorCode.IMAGE_UNREACHABLE,
+    ErrorCode.IMAGES_NOT_SUPPORTED,
 }
 
 
@@ -123,15 +124,17 @@ def _download(url: str, access: ImageAccess) -> bytes:
             length = response.headers.get("Content-Length")
             if length is not None and length.isdigit() and int(length) > access.max_bytes:
                 raise ImageSourceError(
-                    "image_too_large", f"{_what(url)} is {int(length):,} bytes, over {access.max_bytes:,} bytes"
+                    ErrorCode.IMAGE_TOO_LARGE, f"{_what(url)} is {int(length):,} bytes, over {access.max_bytes:,} bytes"
                 )
             return sources.read_capped(response, access.max_bytes, _what(url))
     except urllib.error.HTTPError as exc:
-        raise ImageSourceError("image_unreachable", f"{_what(url)} answered HTTP {exc.code} {exc.reason}") from None
+        raise ImageSourceError(
+            ErrorCode.IMAGE_UNREACHABLE, f"{_what(url)} answered HTTP {exc.code} {exc.reason}"
+        ) from None
     except (urllib.error.URLError, TimeoutError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise ImageSourceError(
-            "image_unreachable", f"could not fetch {_what(url)}: {reason} (timeout {access.remote_timeout:g} s)"
+            ErrorCode.IMAGE_UNREACHABLE, f"could not fetch {_what(url)}: {reason} (timeout {access.remote_timeout:g} s)"
         ) from None
 
 
@@ -149,7 +152,7 @@ class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
 def _too_many_pixels(what: str, size: tuple[int, int] | None, limits: ImageLimits) -> ImageError:
     shown = f"{size[0]}x{size[1]} pixels" if size else "far too many pixels"
     return ImageError(
-        "image_too_many_pixels",
+        ErrorCode.IMAGE_TOO_MANY_PIXELS,
         f"{what} is {shown}, over the limit of {limits.max_pixels:,}; resize it (a few megapixels is plenty)",
     )
 
@@ -157,8 +160,8 @@ def _too_many_pixels(what: str, size: tuple[int, int] | None, limits: ImageLimit
 def _broken(what: str, exc: BaseException) -> ImageError:
     text = str(exc)
     if "truncated" in text.lower() or isinstance(exc, EOFError):
-        return ImageError("truncated_image", f"{what} is truncated (the file ends early); send the whole file")
-    return ImageError("invalid_image", f"{what} cannot be decoded ({text or type(exc).__name__})")
+        return ImageError(ErrorCode.TRUNCATED_IMAGE, f"{what} is truncated (the file ends early); send the whole file")
+    return ImageError(ErrorCode.INVALID_IMAGE, f"{what} cannot be decoded ({text or type(exc).__name__})")
 
 
 def _what(url: str) -> str:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from omlx_jobs.errors import ErrorCode
+from omlx_jobs.errors import ErrorCode, FinishReason
 from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.worker.cache.prefix_cache import PrefixCache
 from omlx_jobs.worker.engine.config import EngineConfig
@@ -104,7 +104,7 @@ class SerialEngine:
         stops = StopStrings(params.stop, self.tokenizer.detokenizer) if params.stop else None
         seq = SequenceState(0, choice, stops)
         limit = max_new_tokens(len(item.prompt), params, self.loaded.context_length)
-        reason, prompt_tokens = "length", len(item.prompt)
+        reason, prompt_tokens = FinishReason.LENGTH, len(item.prompt)
         tokenizer = self.vm.tokenizer
         saved = tokenizer.stopping_criteria
         # mlx-vlm stops at EOS without yielding it; here ends are ours to decide (ignore_eos, finish reasons).
@@ -122,7 +122,8 @@ class SerialEngine:
             for step, out in enumerate(stream):
                 prompt_tokens = int(out.prompt_tokens)
                 token = int(out.token)
-                finish = "stop" if token in self.eos else ("length" if step + 1 >= limit else None)
+                at_limit = step + 1 >= limit
+                finish = FinishReason.STOP if token in self.eos else (FinishReason.LENGTH if at_limit else None)
                 stats.generation_tokens += 1
                 ended = seq.consume([token], finish)
                 if ended is not None:
