@@ -53,7 +53,7 @@ class PrefixLevels:
             start = length
         return cuts, start
 
-    def acquire(self, match: Match | None) -> tuple[list[Any], list[Hold]]:
+    def acquire(self, match: Match | None) -> tuple[list[Any], list[Hold[Entry]]]:
         """Per-layer caches for a new row starting from `match` (None: from nothing), and the holds it takes."""
         if match is None:
             return row_caches([], self.layers), []
@@ -68,7 +68,7 @@ class PrefixLevels:
             self._users[e.key] += 1
         return row_caches(chain, self.layers, tail), holds
 
-    def release(self, holds: Sequence[Hold]) -> None:
+    def release(self, holds: Sequence[Hold[Entry]]) -> None:
         """A row left the batch: unpin its entries, and forget levels no row references any more."""
         for hold in holds:
             self.cache.lifetimes.release(hold)
@@ -97,8 +97,8 @@ class CascadeBatch(DecodeBatch):
     ) -> None:
         super().__init__(backend)
         self.levels = PrefixLevels(cache, len(backend.model.layers), min_level)
-        self._holds: dict[int, list[Hold]] = {}
-        self._taken: list[list[Hold]] = []
+        self._holds: dict[int, list[Hold[Entry]]] = {}
+        self._taken: list[list[Hold[Entry]]] = []
 
     def insert(self, rows: Sequence[RowSpec]) -> list[int]:
         self._taken = []

@@ -15,12 +15,24 @@ import itertools
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
 from omlx_jobs.errors import OmlxError
 
-if TYPE_CHECKING:
-    from omlx_jobs.worker.cache.prefix_cache import Entry
+
+class Pinnable(Protocol):
+    """What lifetimes reads and writes of a cache entry (prefix_cache.Entry): its key, its pins, and the last
+    admission position that needs it."""
+
+    key: bytes
+    pins: int
+    needed_until: int
+
+    @property
+    def tokens(self) -> int: ...
+
+
+E = TypeVar("E", bound=Pinnable)
 
 
 class LifetimeError(OmlxError, RuntimeError):
@@ -28,28 +40,28 @@ class LifetimeError(OmlxError, RuntimeError):
 
 
 @dataclass(eq=False)
-class Hold:
+class Hold(Generic[E]):
     """One pin on one entry: until admission passes `until`, or (until None) until released."""
 
-    entry: Entry
+    entry: E
     until: int | None
     released: bool = False
 
 
-class Lifetimes:
+class Lifetimes(Generic[E]):
     """Holds on cache entries, and the admission position the run has reached."""
 
     def __init__(self) -> None:
         self.position = 0
-        self._holds: list[Hold] = []  # every hold not yet released
-        self._ending: list[tuple[int, int, Hold]] = []  # (until, seq, hold): a heap, the first to end on top
+        self._holds: list[Hold[E]] = []  # every hold not yet released
+        self._ending: list[tuple[int, int, Hold[E]]] = []  # (until, seq, hold): a heap, the first to end on top
         self._seq = itertools.count()
 
     def __len__(self) -> int:
         """Holds outstanding."""
         return len(self._holds)
 
-    def start_run(self, entries: Iterable[Entry]) -> None:
+    def start_run(self, entries: Iterable[E]) -> None:
         """A new run: entries left from earlier runs are needed by nobody yet (their subtrees here are unknown)."""
         if self._holds:
             raise LifetimeError(f"{len(self._holds)} cache entries are still held from an earlier run")
@@ -58,11 +70,11 @@ class Lifetimes:
             entry.needed_until = -1
         self.position = 0
 
-    def need(self, entry: Entry, until: int) -> None:
+    def need(self, entry: E, until: int) -> None:
         """`entry` is reused up to position `until` (inclusive)."""
         entry.needed_until = max(entry.needed_until, until)
 
-    def hold(self, entry: Entry, until: int | None) -> Hold:
+    def hold(self, entry: E, until: int | None) -> Hold[E]:
         """Pin `entry` until admission passes position `until`, or, with None, until `release` (say, for as long
         as a row reads the entry in place)."""
         hold = Hold(entry, until)
@@ -73,7 +85,7 @@ class Lifetimes:
         self._holds.append(hold)
         return hold
 
-    def release(self, hold: Hold) -> None:
+    def release(self, hold: Hold[E]) -> None:
         """Drop a hold now; releasing one twice raises."""
         if hold.released:
             raise LifetimeError(f"a hold on a cache entry of {hold.entry.tokens} tokens was released twice")
@@ -81,14 +93,14 @@ class Lifetimes:
         self._holds.remove(hold)
         self._unpin(hold.entry)
 
-    def release_entry(self, entry: Entry) -> None:
+    def release_entry(self, entry: E) -> None:
         """Drop the hold on `entry` that would end first; raises if it has none."""
         mine = [h for h in self._holds if h.entry is entry]
         if not mine:
             raise LifetimeError(f"released a cache entry of {entry.tokens} tokens that is not held")
         self.release(min(mine, key=lambda h: h.until if h.until is not None else sys.maxsize))
 
-    def advance(self, position: int) -> list[Entry]:
+    def advance(self, position: int) -> list[E]:
         """Admission has reached `position`: drop the holds that end before it; returns their entries."""
         if position < self.position:
             raise LifetimeError(f"admission went back from position {self.position} to {position}")
@@ -101,7 +113,7 @@ class Lifetimes:
                 released.append(hold.entry)
         return released
 
-    def release_all(self) -> list[Entry]:
+    def release_all(self) -> list[E]:
         """The run ended (or failed): drop every hold."""
         released = [h.entry for h in self._holds]
         for hold in list(self._holds):
@@ -109,12 +121,12 @@ class Lifetimes:
         self._ending = []
         return released
 
-    def finished(self, entry: Entry) -> bool:
+    def finished(self, entry: E) -> bool:
         """True once admission is past the last position that needs `entry`."""
         return entry.needed_until < self.position
 
     @staticmethod
-    def _unpin(entry: Entry) -> None:
+    def _unpin(entry: Pinnable) -> None:
         if entry.pins <= 0:
             raise LifetimeError(f"a cache entry of {entry.tokens} tokens has {entry.pins} pins and was released")
         entry.pins -= 1

@@ -62,7 +62,7 @@ class PrefixCache:
     trimmable: bool = True
     bucket_tokens: int = 16
     """Entries are indexed by their first tokens; shorter shared prefixes are not worth a lookup."""
-    lifetimes: Lifetimes = field(default_factory=Lifetimes)
+    lifetimes: Lifetimes[Entry] = field(default_factory=Lifetimes)
     stats: CacheStats = field(default_factory=CacheStats)
     _entries: dict[bytes, Entry] = field(default_factory=dict)
     _buckets: dict[bytes, list[Entry]] = field(default_factory=dict)
@@ -150,7 +150,7 @@ class PrefixCache:
         self.evict_to_fit(keep=entry)
         return entry
 
-    def hold(self, entry: Entry, until: int | None) -> Hold:
+    def hold(self, entry: Entry, until: int | None) -> Hold[Entry]:
         """Pin an entry (a warm-up found it cached) until admission passes position `until`."""
         return self.lifetimes.hold(entry, until)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.models.cache import make_prompt_cache
 
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.params import OutputParams
@@ -28,8 +29,6 @@ _SHIFTS = mx.arange(32, dtype=mx.uint32)
 
 def logits_width(model: Any) -> int:
     """How many logits the model returns per position (its vocabulary, padded), from a one-token forward."""
-    from mlx_lm.models.cache import make_prompt_cache
-
     return int(model(mx.array([[0]]), cache=make_prompt_cache(model)).shape[-1])
 
 

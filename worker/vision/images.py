@@ -80,7 +80,7 @@ def fetch(url: str, access: ImageAccess) -> bytes:
 
 def decode(data: bytes, limits: ImageLimits = ImageLimits(), *, what: str = "the image") -> DecodedImage:
     """Decode PNG, JPEG, WebP or GIF (the first frame) to RGB, within the pixel limit, EXIF orientation applied."""
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    from PIL import Image, ImageOps, UnidentifiedImageError  # Pillow is optional (the [vision] extra)
 
     try:
         sources.check_format(data, what)

@@ -97,7 +97,7 @@ class SerialEngine:
 
     def _generate(self, item: WorkItem, choice: int, stats: RunStats) -> tuple[Choice, int]:
         """One choice through mlx_vlm.stream_generate; stop strings and finish reasons as the Engine's."""
-        from mlx_vlm import stream_generate
+        from mlx_vlm import stream_generate  # mlx-vlm is optional (the [vision] extra)
 
         params = item.params
         text, pixels = self._inputs(item)
