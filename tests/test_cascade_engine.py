@@ -1,7 +1,7 @@
 """Cascade attention through the real engine (tiny qwen3, fp32, CPU): rows reference their cached prefix.
 
-The same jobs run with cascade on (worker/cascade_batch.py) and off (each row holds a copy of its prefix, today's
-path): greedy token ids must be equal, batched and single, with one- and two-level prefixes (a system prompt,
+The same jobs run with cascade on (worker/backend/cascade_batch.py) and off (each row holds a copy of its prefix,
+today's path): greedy token ids must be equal, batched and single, with one- and two-level prefixes (a system prompt,
 then a document) and several groups per batch; the logits of the two batches agree; the batch holds one copy of
 a group's prefix; and every pin a row took is released when it leaves.
 """

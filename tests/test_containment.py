@@ -1,8 +1,8 @@
 """A request that makes the engine raise fails alone (issue 10, defect 4): the poison test on real Redis, a real
-store, the tiny real model and a real RQ worker, and worker/containment.py's rules on the engine alone.
+store, the tiny real model and a real RQ worker, and worker/runtime/containment.py's rules on the engine alone.
 
 The poison is mlx-lm's own sampler with a top_k beyond the vocabulary, put on one request's row through the
-test hook (worker/faults.py): it raises ValueError inside mlx-lm's compiled sampler during a step and leaves
+test hook (worker/engine/faults.py): it raises ValueError inside mlx-lm's compiled sampler during a step and leaves
 the global random state unevaluable, as defect 2 did before validation caught it.
 """
 

@@ -1,4 +1,5 @@
-"""CPU prefill attention (worker/cpu_prefill.py): causal blocks of queries equal mlx's attention over every key."""
+"""CPU prefill attention (worker/attention/cpu_prefill.py): causal blocks of queries equal mlx's attention over
+every key."""
 
 from __future__ import annotations
 

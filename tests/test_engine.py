@@ -90,7 +90,8 @@ def test_prefix_reuse_computes_each_shared_token_once(tiny_loaded: LoadedModel) 
     assert stats.prefill_tokens == stats.trie_min_tokens  # every distinct prompt token computed once
     assert stats.prompt_tokens == sum(len(p) for p in prompts)
     # Per request, cached tokens are the prompt tokens not computed for it; a warm-up's tokens are charged to
-    # the first request that reuses them (worker/charges.py), so the requests' computed tokens add up to the job's.
+    # the first request that reuses them (worker/engine/charges.py), so the requests' computed tokens add up to the
+    # job's.
     uncached = sum(r.prompt_tokens - r.cached_tokens for r in results.values())
     assert uncached == stats.prefill_tokens and stats.warmup_tokens > 0
     for i, p in enumerate(prompts):

@@ -150,7 +150,7 @@ def test_same_image_is_reused_and_shows_in_cached_tokens(loaded: VisionLoaded) -
     for i in range(3):
         assert results[i].choices[0].token_ids == reference(loaded, bodies[i])
     # The system prompt and the image are computed once, charged to the first request that reuses them
-    # (worker/charges.py); the other two have them cached.
+    # (worker/engine/charges.py); the other two have them cached.
     cached = sorted(results[i].cached_tokens for i in range(3))
     assert cached[0] < image_end <= cached[1]
     assert stats.prefill_tokens <= sum(len(w.prompt) for w in work) - 2 * image_end

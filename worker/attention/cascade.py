@@ -11,8 +11,8 @@ matrix-vector product per row.
 
 The portable path is mx ops only, so it runs on the CPU, Metal and CUDA alike. Decode steps are
 cascade_decode.py's: on CUDA, with the kernels its options name, the levels go through a tensor-core kernel
-(prefix_kernel.py: bf16/fp16, head sizes 64/96/128) and the rows' own suffixes through another
-(suffix_kernel.py).
+(kernels/prefix.py: bf16/fp16, head sizes 64/96/128) and the rows' own suffixes through another
+(kernels/suffix.py).
 
 The cache that holds the levels and the suffixes is backend/cascade_cache.CascadeKVCache; routing.py sends a
 model's attention call to `attention` whenever its layer cache is one. Model types: llama, qwen2, qwen3 and

@@ -1,9 +1,9 @@
 """A cascade decode step (one query per row): the prefix levels and the rows' own suffixes, merged.
 
 Portable: one mx-ops graph per level structure and batch shape (parts.softmax_v per level, merged by lse),
-compiled on GPUs. With the CUDA kernels the options name: the levels in prefix_kernel.py's tensor-core kernel (a
+compiled on GPUs. With the CUDA kernels the options name: the levels in kernels/prefix.py's tensor-core kernel (a
 level that every row continues goes to the suffix kernel in its parts; other layouts merge the parts first) and
-the rows' own suffixes in suffix_kernel.py's, which merges them with what the levels gave.
+the rows' own suffixes in kernels/suffix.py's, which merges them with what the levels gave.
 """
 
 from __future__ import annotations

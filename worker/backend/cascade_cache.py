@@ -12,7 +12,7 @@ Layout, per layer:
 RoPE: `offset` is each row's prefix length plus its own offset, so a row's own tokens get the positions they
 would have if the row held its whole prompt, and nothing else changes for the model.
 
-The model's attention recognises the cache by `cascade_layout()` (see cascade.install): it gets the batch's
+The model's attention recognises the cache by `cascade_layout()` (see attention/routing.py): it gets the batch's
 levels (each distinct segment with the rows that continue it) and the own-suffix cache, and merges the parts
 exactly with their log-sum-exp (cascade.attention).
 

@@ -62,7 +62,7 @@ class ModelBackend:
 
     def before_admit(self, admissions: Sequence[Any], cache: Any, *, keep: bool) -> None:
         """Called with a window's admissions before they become rows: a vision backend computes their image
-        positions then, together (worker/vision_engine.py). Text has nothing to do."""
+        positions then, together (worker/vision/backend.py). Text has nothing to do."""
 
     def open(self, cache: PrefixCache | None = None) -> Batch:
         """A decode batch for one run; close it when the run ends. With `cache` (the prefix cache rows start
@@ -79,7 +79,7 @@ class ModelBackend:
         prompts: Sequence[Any] | None = None,
     ) -> list[tuple[Caches, dict[int, mx.array]]]:
         """Extend each base cache (None: empty) by its suffix, all in one batch. `prompts` are the Prompts the
-        suffixes are cut from: a vision backend reads their images (worker/vision_engine.py); text ignores them.
+        suffixes are cut from: a vision backend reads their images (worker/vision/backend.py); text ignores them.
 
         Returns, per sequence, its caches and the logits after each suffix position in `want` (0-based). Unequal
         lengths are right-padded as mlx-lm's PromptProcessingBatch does. Only wanted positions are projected onto

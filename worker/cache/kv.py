@@ -1,6 +1,6 @@
 """KV cache views over mlx-lm's public cache classes: cheap prefixes of cached entries, and their sizes.
 
-Running the model over caches (prefill, decode) is backend.py's.
+Running the model over caches (prefill, decode) is backend/'s.
 """
 
 from __future__ import annotations

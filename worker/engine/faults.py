@@ -3,7 +3,7 @@
 `on_row(work, row)` is called as each sequence is admitted, before its row joins the batch, and may change the
 row. The poison tests (tests/test_containment.py) give one request mlx-lm's own sampler with a top_k beyond the
 vocabulary, so that the engine raises inside mlx-lm during a step, as issue 10's defect 2 did, and the real
-containment (worker/containment.py) must deal with it. Nothing outside the tests sets it.
+containment (worker/runtime/containment.py) must deal with it. Nothing outside the tests sets it.
 """
 
 from __future__ import annotations

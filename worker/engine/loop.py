@@ -5,7 +5,7 @@ they are done or control says stop:
   schedule  the scheduler names the next window (scheduler.py): its shared prefixes are warmed up first
             (warmup.py), then each sequence is admitted as a row that starts from its cached prefix, or, when
             its whole prompt is cached with logits, from those logits
-  step      the backend runs one step of the batch (backend.py, the only code that drives mlx-lm)
+  step      the backend runs one step of the batch (backend/, the only code that drives mlx-lm)
   collect   each row's new tokens go to its sequence (sequence.py, stopping.py); an item whose choices have all
             finished is handed to on_results at once, then forgotten
 """
@@ -213,7 +213,7 @@ class Engine:
             sampler=self.samplers.sampler(work.params, a.choice),
             processors=self.samplers.logits_processors(work.params),
         )
-        if faults.on_row is not None:  # a test hook (worker/faults.py)
+        if faults.on_row is not None:  # a test hook (worker/engine/faults.py)
             faults.on_row(work, row)
         if self._extras(run, a, seq, row):
             return None
@@ -225,7 +225,7 @@ class Engine:
             return _FromLogits(seq, row)
         if match is not None and match.length >= n:  # the last prompt token must run to give logits
             match = self.cache.lookup(prompt.key, limit=n - 1, count=False)
-        own = 0  # images: computed from embeddings into a prefix the row starts from (worker/vision_engine.py)
+        own = 0  # images: computed from embeddings into a prefix the row starts from (worker/vision/backend.py)
         if prompt.media:
             match, own = self.backend.media_prefix(self.cache, prompt, match, a.position, keep=self.prefix_enabled)
         cached = match.length if match is not None else 0
@@ -236,7 +236,7 @@ class Engine:
         return None
 
     def _extras(self, run: _Run, a: Admission, seq: SequenceState, row: RowSpec) -> bool:
-        """Attach what the request asks for beyond sampling (worker/outputs.py); True if it is done already
+        """Attach what the request asks for beyond sampling (worker/extras/outputs.py); True if it is done already
         (echo with max_tokens 0 scores the prompt only)."""
         before = self.outputs.scored_tokens
         seq.extra = self.outputs.choice(a.work.output, a.work.prompt, row.processors)

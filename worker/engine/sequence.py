@@ -30,7 +30,7 @@ class WorkItem:
     prompt: Prompt = None  # type: ignore[assignment]
     """Built from `tokens` unless given (an image prompt brings its own key)."""
     output: OutputParams = field(default_factory=OutputParams)
-    """What it asks for beyond sampling: response_format, logit_bias, logprobs, echo (worker/outputs.py)."""
+    """What it asks for beyond sampling: response_format, logit_bias, logprobs, echo (worker/extras/outputs.py)."""
 
     def __post_init__(self) -> None:
         if self.prompt is None:

@@ -38,7 +38,7 @@ class WarmUps:
         self.stats = WarmupStats()
         self.charges = Charges()
         self.scorer: Any = None
-        """Set per window by the engine when its requests want echo's prompt logprobs (worker/outputs.py):
+        """Set per window by the engine when its requests want echo's prompt logprobs (worker/extras/outputs.py):
         warm-ups then also keep each prefix's per-position logprobs, so no request recomputes its prefix."""
 
     def start_run(self) -> None:
@@ -138,7 +138,7 @@ class WarmUps:
     def _compute_scored(
         self, todo: list[tuple[planner.WarmupTask, Match | None]], by_node: dict[planner.WarmUp, Warmup]
     ) -> None:
-        """Warm-ups that also keep their prefixes' per-position logprobs (worker/echo.py), in one batched pass."""
+        """Warm-ups that also keep their prefixes' per-position logprobs (extras/echo.py), in one batched pass."""
         tic = time.perf_counter()
         nodes = [by_node[task.node] for task, _ in todo]
         tasks = [(w.key, w.prompt.tokens[: w.node.depth], base) for w, (_, base) in zip(nodes, todo, strict=True)]

@@ -1,6 +1,6 @@
 """Echo's prompt logprobs in the engine: kept per prompt, computed in batched passes that continue the cache.
 
-The decision for the prefix cache (issue 12, phase 1, worker/prompt_logprobs.py): keep per-position logprobs
+The decision for the prefix cache (issue 12, phase 1, worker/extras/prompt_logprobs.py): keep per-position logprobs
 with cached prefixes rather than recompute them. Here that means:
 - a warm-up of a window whose requests want prompt logprobs scores its prefix as it prefills it (`warm`), and
   its scores are kept (`PromptScores`, by prompt key) beside its cache entry, which keeps the logits after it;

@@ -1,7 +1,7 @@
 """Constrained decoding with llguidance: the model's vocabulary as the grammar sees it, compiled grammars
 cached by schema, and one matcher per choice that consumes sampled tokens and fills the next token mask.
 
-Masks are bitmasks, one bit per logits slot (numpy int32, as llguidance writes them); worker/logits.py applies
+Masks are bitmasks, one bit per logits slot (numpy int32, as llguidance writes them); worker/extras/logits.py applies
 them with mx ops, so one code path serves CPU, CUDA and Metal. Why llguidance: bench/RESULTS.md ("Grammar
 libraries"): no dependencies, a grammar is ready in about a millisecond where xgrammar and outlines-core take
 hundreds to thousands, and its masks are the fastest of the three at batch 32.

@@ -95,7 +95,7 @@ class LogitBias:
 class BatchablePart:
     """A row's logit_bias and grammar mask as one processor, marked `batchable`: called for one row (its first
     token, sampled as mlx-lm makes a batch) it biases and masks that row; a decode step that sees the whole batch
-    (backend.py) skips it and applies `row` for every row at once through BatchLogits instead. Its grammar
+    (backend/decode.py) skips it and applies `row` for every row at once through BatchLogits instead. Its grammar
     consumes each token once either way: the row's first call sees the prompt, and each later token is consumed
     by the call (this one or BatchLogits) that masks the next."""
 

@@ -4,7 +4,7 @@ logit_bias), the logprobs it collects while it decodes, and echo's prompt logpro
 The engine asks this module at four points, and a request that asks for none of it never reaches it:
 - `Outputs.check`: when a request is tokenized; a bias outside the vocabulary or a grammar that does not
   compile fails that request alone;
-- `Outputs.choice`: when a choice is admitted; its logits processors (worker/logits.py: a logprob tap first
+- `Outputs.choice`: when a choice is admitted; its logits processors (worker/extras/logits.py: a logprob tap first
   when anything changes the logits, logit_bias, the penalties, then the grammar mask, all mx ops) and its state;
 - `Outputs.collect`: after each step; logprobs of every row that wants them, in one evaluation;
 - `ChoiceOutputs.finish`: when it ends; the stored logprobs, echo's text, or the grammar's error.
@@ -120,8 +120,8 @@ class Outputs:
             self._width = logits_width(self.loaded.model)
         return self._width
 
-    @property
-    def grammars(self) -> Grammars:
+    def grammar(self) -> Grammars:
+        """The model's grammar tokenizer, compiled grammars and token pieces, built on first use."""
         if self._grammars is None:
             self._grammars = Grammars.build(self.loaded, self.width)
         return self._grammars
@@ -131,13 +131,13 @@ class Outputs:
         if output.logit_bias:
             check_logit_bias(output.logit_bias, self.width)
         if output.response_format is not None:
-            self.grammars.compiled.constraint(output.response_format)  # compiles once; a copy is dropped
+            self.grammar().compiled.constraint(output.response_format)  # compiles once; a copy is dropped
 
     def choice(self, output: OutputParams, prompt: Prompt, penalties: list[Any]) -> ChoiceOutputs | None:
         """A choice's extras and its processors (penalties included); None when it asks for nothing."""
         if output == OutputParams():
             return None
-        grammars = self.grammars.compiled if output.response_format is not None else None
+        grammars = self.grammar().compiled if output.response_format is not None else None
         width = self.width if output.logit_bias else 0
         logits = self._logits(output, grammars, width, penalties)
         co = ChoiceOutputs(output, logits, position=len(prompt))
@@ -163,7 +163,7 @@ class Outputs:
     def step_logits(self, logits: mx.array, parts: list[Any], tokens: list[int]) -> mx.array:
         """Bias and mask every row of a decode step in one call (backend.StepLogits; BatchLogits does it)."""
         if self._batch is None:
-            self._batch = BatchLogits(self.grammars.tokenizer)
+            self._batch = BatchLogits(self.grammar().tokenizer)
         return self._batch.apply(logits, [p.row if p is not None else None for p in parts], tokens)
 
     def collect(self, rows: Sequence[tuple[Any, Any]]) -> None:
@@ -189,9 +189,9 @@ class Outputs:
 
     @property
     def pieces(self) -> TokenPieces:
-        return self.grammars.pieces
+        return self.grammar().pieces
 
     def _text(self, tokens: Sequence[int]) -> str:
         """The prompt's text as its tokens' bytes read (so echo's text_offset points into it)."""
-        raw = self.grammars.tokenizer.ll.decode_bytes(list(tokens))
+        raw = self.grammar().tokenizer.ll.decode_bytes(list(tokens))
         return bytes(raw).decode("utf-8", errors="replace")

@@ -27,7 +27,7 @@ class LoadedModel:
     context_length: int
 
     vision = None
-    """The mlx-vlm model of a vision model (worker/vision_engine.py's VisionLoaded); None for text."""
+    """The mlx-vlm model of a vision model (vision/loaded.py's VisionLoaded); None for text."""
 
     def prompt(self, endpoint: str, body: dict[str, Any]) -> Prompt:
         """The request's prompt: tokens, and for a vision model where each image sits (its key names them)."""

@@ -9,12 +9,12 @@ Design (issue 11). Two ways to batch image requests were studied:
   `mlx_vlm.generate`. The "one position off" the issue suspected does not reproduce on 0.7.10.
 - oMLX's seed design, chosen here: run the vision encoder once per distinct image (cached by pixel hash),
   build the prompt's input embeddings, prefill them through mlx-vlm's language model into mlx-lm KV caches
-  (worker/vision_prefill.py), then insert those caches into mlx-lm's BatchGenerator and decode with token
+  (worker/vision/prefill.py), then insert those caches into mlx-lm's BatchGenerator and decode with token
   ids through mlx-lm's own text model for the family, built on the same weight arrays (no copy).
 
 Why: image rows then live in the one engine we already plan and measure: continuous batching with text rows,
 the prefix trie and warm-ups (an image's key is its pixel hash), the CUDA ragged decode kernel, logits
-processors, stop handling, the disk tier (worker/vision_engine.py wires it).
+processors, stop handling, the disk tier (vision/backend.py wires it).
 mlx-vlm's generator would be a second engine beside it, with its own prefix cache and no way to take our
 planned caches; and we depend only on mlx-vlm's model classes and processors, not on its fast-moving generate
 module (the serial fallback aside).
@@ -30,7 +30,7 @@ three mRoPE sections hold the same position, so mlx-lm's 1-D RoPE is exact for d
 Families: BATCHED lists the families whose prompts we build and whose decode runs in mlx-lm's
 BatchGenerator: qwen2_vl and qwen2_5_vl, both tested on tiny fixtures (tests/tiny_vlm.py). Other families need
 their own glue here (how the vision tower is called, positions, mlx-lm's twin); until then every other vision
-model mlx-vlm loads runs one request at a time on mlx-vlm's own generation loop (worker/vision_serial.py).
+model mlx-vlm loads runs one request at a time on mlx-vlm's own generation loop (worker/vision/serial.py).
 A quantized checkpoint's twin is quantized like the source (untested here).
 """
 
@@ -110,7 +110,7 @@ class VisionModel:
         self.image_token_id = int(token) if token is not None else -1  # -1: placed by the processor (serial)
         self.features: FeatureCache[ImageFeatures] = FeatureCache()
         self.batched = is_batched(self.model_type)
-        """Whether the engine decodes it in BatchGenerator; False runs it on vision_serial.py (tests force it)."""
+        """Whether the engine decodes it in BatchGenerator; False runs it on serial.py (tests force it)."""
         self._decode_model: Any = None
 
     @classmethod

@@ -5,7 +5,7 @@ Only Qwen2-VL and Qwen2.5-VL decode in mlx-lm's BatchGenerator (vision.BATCHED):
 per-request RoPE delta we carry in the KV cache. Other families keep state on the model (or need glue we have
 not written and checked), so they run here: the same shard runner, results and accounting as the Engine, no
 prefix reuse (cached_tokens is 0), mlx-vlm's processor building the model inputs from the prompt text and the
-decoded pixels (never from a request's string: images are fetched and checked by vision_engine.ImageRef).
+decoded pixels (never from a request's string: images are fetched and checked by media.ImageRef).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """CUDA custom kernels: their names (hashed by code), and the online-softmax decode loop two of them share.
 
-ragged.py's decode kernel and suffix_kernel.py's are the same loop: one block per (row, kv head), WARPS warps
+ragged.py's decode kernel and suffix.py's are the same loop: one block per (row, kv head), WARPS warps
 taking every WARPS-th key of the row from its first real key on with an online softmax in base 2, the warps'
 states combined in shared memory at the end. The suffix kernel only starts each head's state from the prefix
 levels' parts instead of from nothing. `decode_source` writes that loop once; each kernel adds its declarations
-and its starting state. (prefix_kernel.py's tensor-core kernel is another loop: tiles of keys through mma.sync.)
+and its starting state. (prefix.py's tensor-core kernel is another loop: tiles of keys through mma.sync.)
 """
 
 from __future__ import annotations

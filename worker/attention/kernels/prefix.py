@@ -3,12 +3,12 @@
 In a decode step, the rows that share a prefix level attend to it together: for each kv head, the rows' G query
 heads are M = rows * G queries against the level's P keys (512 x 3,072 for 128 rows of a Qwen3-8B shape). In
 mx ops that is two matmuls, two reductions and an exponent over an M x P score matrix written to memory
-(cascade.softmax_v); here it is one launch that keeps the scores in registers (flash-decoding): each block takes
+(parts.softmax_v); here it is one launch that keeps the scores in registers (flash-decoding): each block takes
 16 * WARPS queries of one kv head and one split of the keys, computes S = Q K^T and O = P V with bf16/fp16
 `mma.sync` (m16n8k16, float32 accumulators) over tiles of 32 keys (copied to shared memory asynchronously, the
 next while this one is used), with an online softmax in base 2, and writes
 its split's o and log-sum-exp. The splits of a level are merged exactly by their lse (`merge_splits`), as the
-levels are (cascade.merge); the rows' own suffixes are then merged in cascade_kernel.suffix_decode.
+levels are (parts.merge); the rows' own suffixes are then merged in suffix.suffix_decode.
 
 Only on CUDA, for bfloat16 and float16 models with head sizes 64, 96 and 128 (`supported`); float32 and other head
 sizes keep the mx ops. `prefix_decode_reference` is the same contract in mx ops, for tests and for

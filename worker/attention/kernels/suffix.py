@@ -2,7 +2,7 @@
 
 The prefix levels are attended by mx ops (cascade.attend_level: one matmul per level for all the rows that share
 it). What is left per row is short (its own suffix) but costs about ten mx ops per layer: a mask, a score
-matmul, softmax pieces, the merge. This kernel does it in one launch: it is attention.py's ragged decode kernel
+matmul, softmax pieces, the merge. This kernel does it in one launch: it is ragged.py's decode kernel
 (one block per row and kv head, each row starting at its first real key, no mask), started from the prefix's
 state instead of from nothing, so its online softmax merges the two exactly.
 
@@ -54,8 +54,8 @@ def suffix_decode(
     """One decode step of each row over its own suffix, merged with its prefix levels' (o_pre, lse_pre) (CUDA).
 
     q: [B, H, 1, D]; k, v: [B, kv_heads, S, D] (any strides), row b's real keys from start[b] (int32) on;
-    o_pre float32 and lse_pre float32: the prefix in one part ([B, H, 1, D] and [B, H, 1], as cascade.merge
-    returns them) or in several ([P, B, H, D] and [P, B, H], as cascade_prefix.prefix_decode returns them for
+    o_pre float32 and lse_pre float32: the prefix in one part ([B, H, 1, D] and [B, H, 1], as parts.merge
+    returns them) or in several ([P, B, H, D] and [P, B, H], as prefix.prefix_decode returns them for
     a level of every row), lse -inf for a row (or part) without keys. Returns [B, H, 1, D] in q's dtype.
     Shapes: attention.supported.
     """
