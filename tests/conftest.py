@@ -25,7 +25,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_loaded(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
-    from omlx_jobs.worker.model import load
+    from omlx_jobs.worker.loading import load
 
     return load(str(tiny_model_dir))
 

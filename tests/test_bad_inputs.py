@@ -173,7 +173,8 @@ def test_accepted_files(case: dict[str, Any], tmp_path: Path, store: Store) -> N
 
 @pytest.fixture(scope="module")
 def engine(tiny_loaded):  # type: ignore[no-untyped-def]
-    from omlx_jobs.worker.engine import Engine, EngineConfig
+    from omlx_jobs.worker.engine.config import EngineConfig
+    from omlx_jobs.worker.engine.loop import Engine
 
     return Engine(tiny_loaded, EngineConfig(completion_batch_size=4, prefill_batch_size=4))
 
@@ -181,7 +182,7 @@ def engine(tiny_loaded):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("case", _cases("runtime"))
 def test_runtime_check_names_the_request(case: dict[str, Any], tmp_path: Path, engine) -> None:  # type: ignore[no-untyped-def]
     from omlx_jobs.jobs.formats import SamplingParams
-    from omlx_jobs.worker.model import PromptError
+    from omlx_jobs.worker.prompts import PromptError
 
     with open(_input(case, tmp_path), "rb") as f:
         requests = list(parse_stream(f))
@@ -201,7 +202,7 @@ def test_runtime_check_names_the_request(case: dict[str, Any], tmp_path: Path, e
 
 @pytest.mark.parametrize("case", _cases("runtime"))
 def test_runtime_error_fails_only_its_request(case: dict[str, Any], tmp_path: Path, store: Store, engine) -> None:  # type: ignore[no-untyped-def]
-    from omlx_jobs.worker.shard import run_shard
+    from omlx_jobs.worker.runtime.shard import run_shard
 
     result = load_job(store, _input(case, tmp_path), MODEL)
     assert not result.rejected, [str(e) for e in result.errors]

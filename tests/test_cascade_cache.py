@@ -18,9 +18,13 @@ import pytest
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
-from omlx_jobs.worker import attention, cascade, cascade_decode, cascade_kernel, kv
-from omlx_jobs.worker.cascade_cache import OWN_STEP, CascadeKVCache, SharedPrefix, SharedPrefixes, row_caches
-from omlx_jobs.worker.model import LoadedModel, load
+from omlx_jobs.worker.attention import cascade, routing
+from omlx_jobs.worker.attention.kernels import suffix as cascade_kernel
+from omlx_jobs.worker.attention.options import CascadeOptions, Routing
+from omlx_jobs.worker.backend.cascade_cache import OWN_STEP, CascadeKVCache, SharedPrefix, SharedPrefixes, row_caches
+from omlx_jobs.worker.cache import kv
+from omlx_jobs.worker.loading import load
+from omlx_jobs.worker.models.loaded import LoadedModel
 from tests.tiny_model import build_tiny_model
 
 
@@ -55,7 +59,7 @@ def prefixes(tiny_loaded: LoadedModel) -> Prefixes:
 
 def make_prefixes(model: Any) -> Prefixes:
     """A system prompt shared by 5 rows, two documents after it (2-level chains), a second group, a plain row."""
-    assert cascade.install(model)
+    assert routing.install(model)
     mx.random.seed(3)
     vocab = model.args.vocab_size
 
@@ -163,7 +167,7 @@ def test_decode_through_the_kernel_contract(tmp_path_factory: pytest.TempPathFac
         calls.append(args[0].shape[0])
         return cascade_kernel.suffix_decode_reference(*args)
 
-    with cascade_decode.kernel_enabled(spy):
+    with routing.active(Routing(cascade=CascadeOptions(suffix_kernel=spy))):
         ours, ours_lp = generate(model, wide.rows, wide.layers, True)
     assert ours == today
     assert max_diff(ours_lp, today_lp) < 1e-4
@@ -285,14 +289,14 @@ def test_eligible_models_and_routing_installs_once(tiny_loaded: LoadedModel) -> 
     import sys
 
     model = tiny_loaded.model
-    assert cascade.eligible(model)
-    assert not cascade.eligible(SimpleNamespace(model_type="gemma3"))
-    assert cascade.install(SimpleNamespace(model_type="mamba")) is False
+    assert routing.cascade_eligible(model)
+    assert not routing.cascade_eligible(SimpleNamespace(model_type="gemma3"))
+    assert routing.install(SimpleNamespace(model_type="mamba")) is False
     module = sys.modules[type(model).__module__]
-    assert cascade.install(model) and attention.install(model)
+    assert routing.install(model)
     fn = module.scaled_dot_product_attention
-    assert cascade.install(model) and attention.install(model) and cascade.install(model)
-    assert module.scaled_dot_product_attention is fn  # neither wraps twice, in any order
+    assert routing.install(model) and routing.install(model)
+    assert module.scaled_dot_product_attention is fn  # it never wraps twice
 
 
 def test_rows_continuing_the_same_entries_share_level_objects(tiny_loaded: LoadedModel) -> None:

@@ -1,13 +1,15 @@
 """Cascade attention through the real engine (tiny qwen3, fp32, CPU): rows reference their cached prefix.
 
-The same jobs run with cascade on (worker/cascade_batch.py) and off (each row holds a copy of its prefix, today's
-path): greedy token ids must be equal, batched and single, with one- and two-level prefixes (a system prompt,
+The same jobs run with cascade on (worker/backend/cascade_batch.py) and off (each row holds a copy of its prefix,
+today's path): greedy token ids must be equal, batched and single, with one- and two-level prefixes (a system prompt,
 then a document) and several groups per batch; the logits of the two batches agree; the batch holds one copy of
 a group's prefix; and every pin a row took is released when it leaves.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import random
 from collections import Counter
 from typing import Any
@@ -15,13 +17,19 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
+from omlx_jobs.defaults import Switches
 from omlx_jobs.jobs.formats import SamplingParams
-from omlx_jobs.worker import cascade, cascade_batch, cascade_fused
-from omlx_jobs.worker.backend import DecodeBatch, RowSpec
-from omlx_jobs.worker.cascade_batch import CascadeBatch, PrefixLevels
-from omlx_jobs.worker.cascade_cache import OWN_STEP
-from omlx_jobs.worker.engine import Engine, EngineConfig, ItemResult, WorkItem
-from omlx_jobs.worker.model import LoadedModel
+from omlx_jobs.worker.attention import cascade
+from omlx_jobs.worker.attention import fused as cascade_fused
+from omlx_jobs.worker.backend.cascade_batch import CascadeBatch, PrefixLevels
+from omlx_jobs.worker.backend.cascade_cache import OWN_STEP
+from omlx_jobs.worker.backend.decode import DecodeBatch
+from omlx_jobs.worker.backend.rows import RowSpec
+from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.loop import Engine
+from omlx_jobs.worker.engine.results import ItemResult
+from omlx_jobs.worker.engine.sequence import WorkItem
+from omlx_jobs.worker.models.loaded import LoadedModel
 from tests.cascade_cases import count_calls
 
 
@@ -47,9 +55,20 @@ def greedy(max_tokens: int = 8, n: int = 1) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, n=n)
 
 
-def run_job(loaded: LoadedModel, prompts: list[list[int]], *, use: bool, batch: int, **kw: Any) -> dict[int, Any]:
+def switched(**kw: Any) -> Switches:
+    """The environment's switches (the defaults here), with some set."""
+    return dataclasses.replace(Switches.from_env(), **kw)
+
+
+def run_job(
+    loaded: LoadedModel, prompts: list[list[int]], *, use: bool, batch: int, switches: Switches | None = None
+) -> dict[int, Any]:
     config = EngineConfig(
-        cascade=use, completion_batch_size=batch, prefill_batch_size=3, min_shared_tokens=8, cache_memory=None, **kw
+        completion_batch_size=batch,
+        prefill_batch_size=3,
+        min_shared_tokens=8,
+        cache_memory=None,
+        switches=dataclasses.replace(switches or Switches.from_env(), cascade=use),
     )
     engine = Engine(loaded, config)
     assert engine.backend.cascade is use
@@ -103,21 +122,21 @@ def test_several_groups_share_one_batch(tiny_loaded: LoadedModel, monkeypatch: p
     assert max(levels_seen) >= 4
 
 
-def test_short_levels_fold_into_the_rows(tiny_loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_short_levels_fold_into_the_rows(tiny_loaded: LoadedModel) -> None:
     """With levels of at least 64 tokens the documents' 36 and 44 become copied tails: same tokens."""
-    monkeypatch.setattr(cascade_batch, "MIN_LEVEL_TOKENS", 64)
     prompts = job_prompts(seed=2)
-    assert run_job(tiny_loaded, prompts, use=True, batch=8) == run_job(tiny_loaded, prompts, use=False, batch=8)
+    folded = run_job(tiny_loaded, prompts, use=True, batch=8, switches=switched(min_level_tokens=64))
+    assert folded == run_job(tiny_loaded, prompts, use=False, batch=8)
 
 
 def test_the_switch_and_models_that_cannot_take_it(tiny_loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMLX_JOBS_CASCADE", "0")
-    assert EngineConfig().cascade is False
+    assert EngineConfig().switches.cascade is False
     monkeypatch.delenv("OMLX_JOBS_CASCADE")
     engine = Engine(tiny_loaded, EngineConfig())
     assert engine.backend.cascade and isinstance(engine.backend.open(engine.cache), CascadeBatch)
     assert type(Engine(tiny_loaded, EngineConfig(prefix_cache=False)).backend.open(None)) is DecodeBatch
-    monkeypatch.setattr(cascade, "MODEL_TYPES", frozenset())  # say, a model whose attention we have not wrapped
+    monkeypatch.setattr(tiny_loaded.model, "model_type", "gpt2")  # say, a model whose attention we have not wrapped
     engine = Engine(tiny_loaded, EngineConfig())
     assert not engine.backend.cascade and type(engine.backend.open(engine.cache)) is DecodeBatch
 
@@ -204,8 +223,9 @@ def test_the_cuda_path_with_its_kernels_references(
 ) -> None:
     """What runs on CUDA (the ragged kernel for rows without levels, the cascade kernel for own suffixes), with
     each kernel's mx-ops reference in its place, on a model with 64-wide heads: today's tokens."""
-    from omlx_jobs.worker import attention, cascade_kernel
-    from omlx_jobs.worker.model import load
+    from omlx_jobs.worker.attention.kernels import ragged as attention
+    from omlx_jobs.worker.attention.kernels import suffix as cascade_kernel
+    from omlx_jobs.worker.loading import load
     from tests.tiny_model import build_tiny_model
 
     wide = load(str(build_tiny_model(tmp_path_factory.mktemp("wide") / "m", hidden_size=256)))
@@ -219,7 +239,7 @@ def test_the_cuda_path_with_its_kernels_references(
         return call
 
     prompts = job_prompts(seed=5)
-    today = run_job(wide, prompts, use=False, batch=8, ragged_decode=False)
+    today = run_job(wide, prompts, use=False, batch=8, switches=switched(ragged_decode=False))
     monkeypatch.setattr(attention, "available", lambda: True)
     monkeypatch.setattr(attention, "ragged_decode", counted("ragged", attention.ragged_reference))
     monkeypatch.setattr(cascade_kernel, "suffix_decode", counted("cascade", cascade_kernel.suffix_decode_reference))
@@ -234,13 +254,11 @@ def test_fused_prefill_of_one_group_equals_todays_path(
 ) -> None:
     """GPUs prefill a window whose rows all continue the same levels through mlx's fused attention over the levels
     (broadcast for the layer) and the own keys (cascade_fused.prefill); forced here on the CPU."""
-    monkeypatch.setattr(cascade_fused, "FUSED_PREFILL", "1")
     fused = count_calls(monkeypatch, cascade_fused, "prefill")
     prompts = job_prompts(seed=3)
-    on = run_job(tiny_loaded, prompts, use=True, batch=4)
+    on = run_job(tiny_loaded, prompts, use=True, batch=4, switches=switched(cascade_fused_prefill="always"))
     assert fused() > 0
-    monkeypatch.setattr(cascade_fused, "FUSED_PREFILL", "0")
-    assert on == run_job(tiny_loaded, prompts, use=False, batch=4)
+    assert on == run_job(tiny_loaded, prompts, use=False, batch=4, switches=switched(cascade_fused_prefill="never"))
 
 
 @pytest.mark.parametrize("prefix", [True, False], ids=["prefix-kernel", "prefix-mx"])
@@ -251,24 +269,25 @@ def test_the_cuda_path_with_the_prefix_kernel_reference(
     """Both cascade kernels (the prefix levels' and the own suffixes'; or the levels in mx ops), each as its mx-ops
     reference, through a continuous batch whose size changes as rows finish and are admitted, compiled as on GPUs:
     today's tokens."""
-    from omlx_jobs.worker import attention, cascade, cascade_decode, cascade_kernel, cascade_prefix
-    from omlx_jobs.worker.model import load
+    from omlx_jobs.worker.attention import cascade_decode
+    from omlx_jobs.worker.attention.kernels import prefix as cascade_prefix
+    from omlx_jobs.worker.attention.kernels import ragged as attention
+    from omlx_jobs.worker.attention.kernels import suffix as cascade_kernel
+    from omlx_jobs.worker.loading import load
     from tests.tiny_model import build_tiny_model
 
     wide = load(str(build_tiny_model(tmp_path_factory.mktemp("wide") / "m", hidden_size=256)))
     prompts = job_prompts(seed=7)
-    today = run_job(wide, prompts, use=False, batch=5, ragged_decode=False)
+    today = run_job(wide, prompts, use=False, batch=5, switches=switched(ragged_decode=False))
     monkeypatch.setattr(attention, "available", lambda: True)
     monkeypatch.setattr(attention, "ragged_decode", attention.ragged_reference)
     monkeypatch.setattr(cascade_kernel, "suffix_decode", cascade_kernel.suffix_decode_reference)
-    monkeypatch.setattr(cascade_prefix, "prefix_decode", cascade_prefix.prefix_decode_reference)
+    # The job's levels (up to 48 tokens) in several parts of at least 8 keys.
+    split = functools.partial(cascade_prefix.prefix_decode_reference, min_split=8)
+    monkeypatch.setattr(cascade_prefix, "prefix_decode", split)
     suffix_calls = count_calls(monkeypatch, cascade_kernel, "suffix_decode")
     prefix_calls = count_calls(monkeypatch, cascade_prefix, "prefix_decode")
     monkeypatch.setattr(cascade_decode, "prefix_supported", lambda *a: True)  # the tiny model is float32
-    monkeypatch.setattr(cascade, "compiling", lambda: compiled)
-    monkeypatch.setattr(cascade_decode, "_decode_steps", {})
-    monkeypatch.setattr(cascade_decode, "_merges", {})
-    monkeypatch.setattr(cascade_prefix, "ENABLED", prefix)
-    monkeypatch.setattr(cascade_prefix, "MIN_SPLIT", 8)  # the job's levels (up to 48 tokens) in several parts
-    assert run_job(wide, prompts, use=True, batch=5) == today
+    switches = switched(cascade_compile="always" if compiled else "never", cascade_prefix_kernel=prefix)
+    assert run_job(wide, prompts, use=True, batch=5, switches=switches) == today
     assert (prefix_calls() > 0) is prefix and suffix_calls() > 0

@@ -12,11 +12,14 @@ import pytest
 from omlx_jobs.jobs.formats import COMPLETIONS_URL, SamplingParams
 from omlx_jobs.jobs.submit import load_job
 from omlx_jobs.store import Store
-from omlx_jobs.worker import shard
-from omlx_jobs.worker.charges import Charges
-from omlx_jobs.worker.engine import Engine, EngineConfig, ItemResult, WorkItem
-from omlx_jobs.worker.model import LoadedModel
+from omlx_jobs.worker.engine.charges import Charges
+from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.loop import Engine
+from omlx_jobs.worker.engine.results import ItemResult
+from omlx_jobs.worker.engine.sequence import WorkItem
+from omlx_jobs.worker.models.loaded import LoadedModel
 from omlx_jobs.worker.prompts import token_key
+from omlx_jobs.worker.runtime import shard
 
 SYSTEM = "You are a helpful assistant. Answer briefly and clearly, in one sentence please."
 

@@ -244,7 +244,7 @@ def test_submit_wait_returns_when_a_worker_finishes(tmp_path: Path, env: dict[st
 
 def test_run_reports_an_engine_fault_in_one_line(tmp_path: Path, tiny_model_dir: Path, monkeypatch: Any) -> None:
     """A fault inside the engine (a bug of ours) ends `run` with one line naming it and --resume, not a traceback."""
-    from omlx_jobs.worker import shard
+    from omlx_jobs.worker.runtime import shard
 
     def broken(*args: Any, **kw: Any) -> None:
         raise AttributeError("'SerialEngine' object has no attribute 'outputs'")

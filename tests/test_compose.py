@@ -90,7 +90,7 @@ def test_dockerfile_installs_the_package_with_cpu_and_postgres(services: dict[st
     assert re.search(r"^FROM python:3\.11-slim", text, re.M)
     extras = re.search(r"pip install [^\n]*['\"]?\.\[([a-z0-9,]+)\]", text)
     assert extras and {"cpu", "postgres", "serve"} <= set(extras.group(1).split(","))
-    assert "libopenblas0-pthread" in text  # preloaded for MLX's CPU backend (worker/blas.py)
+    assert "libopenblas0-pthread" in text  # preloaded for MLX's CPU backend (worker/models/blas.py)
     for copied in ("pyproject.toml", "defaults.py", "errors.py", "cli", "jobs", "store", "worker", "api"):
         assert re.search(rf"^COPY .*\b{re.escape(copied)}\b", text, re.M), copied
 

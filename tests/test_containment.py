@@ -1,8 +1,8 @@
 """A request that makes the engine raise fails alone (issue 10, defect 4): the poison test on real Redis, a real
-store, the tiny real model and a real RQ worker, and worker/containment.py's rules on the engine alone.
+store, the tiny real model and a real RQ worker, and worker/runtime/containment.py's rules on the engine alone.
 
 The poison is mlx-lm's own sampler with a top_k beyond the vocabulary, put on one request's row through the
-test hook (worker/faults.py): it raises ValueError inside mlx-lm's compiled sampler during a step and leaves
+test hook (worker/engine/faults.py): it raises ValueError inside mlx-lm's compiled sampler during a step and leaves
 the global random state unevaluable, as defect 2 did before validation caught it.
 """
 
@@ -23,9 +23,14 @@ from omlx_jobs.jobs import actions
 from omlx_jobs.jobs.formats import COMPLETIONS_URL, SamplingParams
 from omlx_jobs.jobs.queue import queue_name
 from omlx_jobs.store import Store, StoreError
-from omlx_jobs.worker import containment, faults
-from omlx_jobs.worker.engine import Engine, EngineConfig, ItemResult, WorkItem
-from omlx_jobs.worker.model import LoadedModel
+from omlx_jobs.worker.engine import faults
+from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.contract import Control, Hooks
+from omlx_jobs.worker.engine.loop import Engine
+from omlx_jobs.worker.engine.results import ItemResult
+from omlx_jobs.worker.engine.sequence import WorkItem
+from omlx_jobs.worker.models.loaded import LoadedModel
+from omlx_jobs.worker.runtime import containment
 
 POISON_TOP_K = 10**6
 
@@ -56,7 +61,7 @@ def sampled_lines(path: Path, n: int, *, max_tokens: int = 2) -> Path:
 
 def serve_burst(store: Store, engine: Engine, conn: redis.Redis, qname: str) -> int:
     from omlx_jobs.worker import entry
-    from omlx_jobs.worker.rq_worker import serve
+    from omlx_jobs.worker.runtime.rq_worker import serve
 
     entry.install(entry.WorkerContext(store=store, engine=engine, redis=conn, queue=qname))
     try:
@@ -119,9 +124,7 @@ def test_containment_refunds_neighbours_and_charges_nobody_twice(tiny_loaded: Lo
     stats = containment.run_contained(
         engine,
         items(tiny_loaded, 20),
-        lambda rs: results.update({r.key: r for r in rs}),
-        on_admit=on_admit,
-        refund=refund,
+        Hooks(lambda rs: results.update({r.key: r for r in rs}), admit=on_admit, refund=refund),
         page_size=5,
     )
     assert sorted(results) == list(range(20)) and stats.unfinished == [] and stats.input_exhausted
@@ -172,7 +175,7 @@ def test_the_shards_timeout_is_not_contained(tiny_loaded: LoadedModel) -> None:
     faults.on_row = on_row
     refunded: list[Any] = []
     with pytest.raises(JobTimeoutException):
-        containment.run_contained(engine, items(tiny_loaded, 6), lambda rs: None, refund=refunded.extend)
+        containment.run_contained(engine, items(tiny_loaded, 6), Hooks(lambda rs: None, refund=refunded.extend))
     assert refunded == []
 
 
@@ -181,19 +184,17 @@ def test_a_stop_during_isolation_leaves_the_rest_pending(tiny_loaded: LoadedMode
     refunded: list[Any] = []
     results: dict[Any, ItemResult] = {}
     poison_rows(1)
-    control = containment.Control.RUN
+    control = Control.RUN
 
     def refund(keys: list[Any]) -> None:
         nonlocal control
         refunded.extend(keys)
-        control = containment.Control.STOP  # a SIGTERM arrives as the first failure is contained
+        control = Control.STOP  # a SIGTERM arrives as the first failure is contained
 
     stats = containment.run_contained(
         engine,
         items(tiny_loaded, 12),
-        lambda rs: results.update({r.key: r for r in rs}),
-        lambda: control,
-        refund=refund,
+        Hooks(lambda rs: results.update({r.key: r for r in rs}), control=lambda: control, refund=refund),
         page_size=6,
     )
     assert all(r.error is None for r in results.values())  # nobody was blamed

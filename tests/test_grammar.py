@@ -12,8 +12,8 @@ import pytest
 
 from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.jobs.response_format import JSON_OBJECT_SCHEMA, ResponseFormat
-from omlx_jobs.worker.grammar import GrammarCache, GrammarError, GrammarTokenizer, model_eos_ids
-from omlx_jobs.worker.logits import (
+from omlx_jobs.worker.extras.grammar import GrammarCache, GrammarError, GrammarTokenizer, model_eos_ids
+from omlx_jobs.worker.extras.logits import (
     BatchLogits,
     GrammarProcessor,
     LogitBias,
@@ -23,7 +23,8 @@ from omlx_jobs.worker.logits import (
     logits_width,
     row_logits,
 )
-from omlx_jobs.worker.model import PromptError, load
+from omlx_jobs.worker.loading import load
+from omlx_jobs.worker.prompts import PromptError
 from tests.tiny_model import build_tiny_model
 
 SCHEMAS = json.loads((Path(__file__).parent / "data/schemas/schemas.json").read_text())["schemas"]

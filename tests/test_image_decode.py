@@ -16,8 +16,11 @@ import pytest
 from PIL import Image
 
 from omlx_jobs.jobs.images import ImageAccess
-from omlx_jobs.worker import images
-from omlx_jobs.worker.images import ImageError, ImageLimits
+from omlx_jobs.jobs.parts import image_urls
+from omlx_jobs.worker.models.loaded import check_accepts_images
+from omlx_jobs.worker.prompts import ImageError
+from omlx_jobs.worker.vision import images
+from omlx_jobs.worker.vision.images import ImageLimits
 
 LOOPBACK = ["127.0.0.1"]  # the test servers' address: refused for remote images unless allowed
 
@@ -152,10 +155,10 @@ def test_file_over_the_byte_cap(tmp_path: Path) -> None:
 def test_image_sent_to_a_text_only_model() -> None:
     msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,x"}}]}]
     with pytest.raises(ImageError) as exc:
-        images.check_accepts_images(msgs, model_is_vision=False, model="tiny-qwen3")
+        check_accepts_images(msgs, model_is_vision=False, model="tiny-qwen3")
     assert exc.value.code == "images_not_supported" and "tiny-qwen3" in exc.value.message
-    images.check_accepts_images(msgs, model_is_vision=True, model="vlm")
-    images.check_accepts_images([{"role": "user", "content": "hi"}], model_is_vision=False, model="m")
+    check_accepts_images(msgs, model_is_vision=True, model="vlm")
+    check_accepts_images([{"role": "user", "content": "hi"}], model_is_vision=False, model="m")
 
 
 def test_image_urls_in_prompt_order() -> None:
@@ -165,7 +168,7 @@ def test_image_urls_in_prompt_order() -> None:
         {"role": "user", "content": [{"type": "text", "text": "a"}, part]},
         {"role": "user", "content": [{**part, "image_url": {"url": "u2"}}]},
     ]
-    assert list(images.image_urls(msgs)) == [(1, 1, "u1"), (2, 0, "u2")]
+    assert list(image_urls(msgs)) == [(1, 1, "u1"), (2, 0, "u2")]
 
 
 # ---- remote images against a loopback server -------------------------------------------------------

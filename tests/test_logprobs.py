@@ -19,9 +19,9 @@ from openai.types.chat import ChatCompletion
 from omlx_jobs.jobs.formats import CHAT_URL, COMPLETIONS_URL
 from omlx_jobs.jobs.logprobs import completion_logprobs
 from omlx_jobs.jobs.output import output_lines, response_body
-from omlx_jobs.worker.logits import log_softmax
-from omlx_jobs.worker.logprobs import FLOOR, TokenLogprob, TokenPieces, step_logprobs, stored_logprobs
-from omlx_jobs.worker.prompt_logprobs import PromptLogprobs, prompt_logprobs
+from omlx_jobs.worker.extras.logits import log_softmax
+from omlx_jobs.worker.extras.logprobs import FLOOR, TokenLogprob, TokenPieces, step_logprobs, stored_logprobs
+from omlx_jobs.worker.extras.prompt_logprobs import PromptLogprobs, prompt_logprobs
 
 # Token 3 is the first two bytes of "’" (e2 80 99) and token 4 its last: pieces that are not text alone.
 PIECES = TokenPieces([b"Hello", b" world", b"!", b"\xe2\x80", b"\x99", b"<|im_end|>"])

@@ -33,8 +33,8 @@ def test_wheel_holds_one_package_and_the_console_script(wheel: Path) -> None:
         "jobs/formats.py",
         "jobs/queue.py",
         "store/db.py",
-        "worker/engine.py",
-        "worker/planner.py",
+        "worker/engine/loop.py",
+        "worker/engine/planner.py",
         # Migrations ship in the wheel, so an installed package upgrades its database when it opens it.
         "store/migrations/env.py",
         "store/migrations/versions/0001_baseline.py",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from omlx_jobs.worker.planner import WarmUp, plan
+from omlx_jobs.worker.engine.planner import WarmUp, plan
 from omlx_jobs.worker.prompts import common_prefix, key_tokens, token_key
 
 
@@ -77,7 +77,7 @@ def test_empty_and_single() -> None:
 
 
 def test_warmup_rounds_fold_chains_and_compute_branch_points_first() -> None:
-    from omlx_jobs.worker.planner import WarmupTask, warmup_rounds
+    from omlx_jobs.worker.engine.planner import WarmupTask, warmup_rounds
 
     # A conversation chain: turn1 ⊂ turn2 ⊂ turn3 nodes fold into one pass of the deepest.
     t1, t2, t3 = WarmUp(30, 0, 3), WarmUp(50, 1, 3), WarmUp(70, 2, 3)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from omlx_jobs.worker.prefix_cache import PrefixCache
+from omlx_jobs.worker.cache.prefix_cache import PrefixCache
 from omlx_jobs.worker.prompts import token_key
 
 A = list(range(1000, 1020))  # 20 tokens

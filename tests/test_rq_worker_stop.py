@@ -15,7 +15,7 @@ import pytest
 from rq.exceptions import StopRequested
 
 from omlx_jobs.jobs import affinity
-from omlx_jobs.worker.rq_worker import OmlxWorker
+from omlx_jobs.worker.runtime.rq_worker import OmlxWorker
 
 
 def idle_worker() -> Any:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import mlx.core as mx
 
 from omlx_jobs.jobs.formats import COMPLETIONS_URL, SamplingParams
-from omlx_jobs.worker.engine import Engine, ItemResult, WorkItem
-from omlx_jobs.worker.model import LoadedModel
-from omlx_jobs.worker.sampling import SamplerFactory
+from omlx_jobs.worker.engine.loop import Engine
+from omlx_jobs.worker.engine.results import ItemResult
+from omlx_jobs.worker.engine.sequence import WorkItem
+from omlx_jobs.worker.extras.sampling import SamplerFactory
+from omlx_jobs.worker.models.loaded import LoadedModel
 
 
 def _run(loaded: LoadedModel, params: list[SamplingParams]) -> dict[int, ItemResult]:

@@ -18,10 +18,12 @@ from omlx_jobs.jobs.queue import get_queue, priority_queues, queue_name
 from omlx_jobs.jobs.submit import load_job
 from omlx_jobs.jobs.workers import WorkerInfo, list_workers, publish, retire, serving
 from omlx_jobs.store import Store
-from omlx_jobs.worker import shard
-from omlx_jobs.worker.engine import Engine, EngineConfig
-from omlx_jobs.worker.planner import plan
+from omlx_jobs.store.pending import PAGE_ROWS
+from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.loop import Engine
+from omlx_jobs.worker.engine.planner import plan
 from omlx_jobs.worker.prompts import token_key
+from omlx_jobs.worker.runtime import shard
 from tests.fault_harness import invoke
 
 SYSTEM = "You are a helpful assistant. Answer briefly and clearly, in one sentence please. " * 2
@@ -43,10 +45,12 @@ def engine(tiny_loaded: Any) -> Engine:
     return Engine(tiny_loaded, EngineConfig(completion_batch_size=8, prefill_batch_size=4))
 
 
-def run_all_shards(store: Store, engine: Engine, job: str, order: list[int] | None = None) -> None:
+def run_all_shards(
+    store: Store, engine: Engine, job: str, order: list[int] | None = None, page_rows: int = PAGE_ROWS
+) -> None:
     shards = store.shards(job)
     for i in order or range(len(shards)):
-        shard.run_shard(store, engine, job, shards[i].first_pos, shards[i].end_pos, worker="w")
+        shard.run_shard(store, engine, job, shards[i].first_pos, shards[i].end_pos, worker="w", page_rows=page_rows)
 
 
 def true_minimum(store: Store, engine: Engine, job: str) -> int:
@@ -141,7 +145,7 @@ def test_a_finished_shard_claims_the_next_of_its_group_first(tmp_path: Path, con
 
 def _worker(store: Store, engine: Engine, conn: redis.Redis, qname: str, *extra: str) -> Any:
     from omlx_jobs.worker import entry
-    from omlx_jobs.worker.rq_worker import serve
+    from omlx_jobs.worker.runtime.rq_worker import serve
 
     ctx = entry.WorkerContext(store=store, engine=engine, redis=conn, queue=qname)
     entry.install(ctx)
@@ -245,7 +249,6 @@ def test_a_shard_larger_than_a_page_is_read_and_planned_page_by_page(
     whole = load_job(store, src, "m", shard_size=1000).job_id
     paged = load_job(store, src, "m", shard_size=1000).job_id
     run_all_shards(store, engine, whole)
-    monkeypatch.setattr(shard, "PAGE_ROWS", 8)
     reads: list[int] = []
     pages = store.pending_pages
 
@@ -255,7 +258,7 @@ def test_a_shard_larger_than_a_page_is_read_and_planned_page_by_page(
             yield page
 
     monkeypatch.setattr(store, "pending_pages", spy)
-    run_all_shards(store, engine, paged)
+    run_all_shards(store, engine, paged, page_rows=8)
     assert reads == [8, 8, 8, 8, 8]
     assert {r.status for r in store.iter_requests(paged)} == {"completed"}
     # One group over five pages: each page's plan counts the shared prefix again, never below the truth.

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 import pytest
 
 from omlx_jobs.jobs.formats import SamplingParams
-from omlx_jobs.worker.lifetimes import LifetimeError, Lifetimes
-from omlx_jobs.worker.planner import WarmUp, plan
-from omlx_jobs.worker.prefix_cache import Entry, PrefixCache
+from omlx_jobs.worker.cache.lifetimes import LifetimeError, Lifetimes
+from omlx_jobs.worker.cache.prefix_cache import Entry, PrefixCache
+from omlx_jobs.worker.engine.planner import WarmUp, plan
+from omlx_jobs.worker.engine.scheduler import Scheduler, Window
+from omlx_jobs.worker.engine.sequence import WorkItem
 from omlx_jobs.worker.prompts import token_key
-from omlx_jobs.worker.scheduler import Scheduler, Window
-from omlx_jobs.worker.sequence import WorkItem
 
 SYS_A = list(range(100, 120))  # 20-token system prompts
 SYS_B = list(range(200, 220))
@@ -43,9 +43,10 @@ def drain(s: Scheduler, free: int) -> list[Window]:
 def test_scheduler_imports_no_mlx() -> None:
     code = (
         "import sys\n"
-        "import omlx_jobs.worker.scheduler, omlx_jobs.worker.lifetimes, omlx_jobs.worker.prefix_cache\n"
-        "import omlx_jobs.worker.sequence, omlx_jobs.worker.stopping, omlx_jobs.worker.results\n"
-        "import omlx_jobs.worker.prompts, omlx_jobs.worker.planner\n"
+        "import omlx_jobs.worker.engine.scheduler, omlx_jobs.worker.cache.lifetimes\n"
+        "import omlx_jobs.worker.cache.prefix_cache\n"
+        "import omlx_jobs.worker.engine.sequence, omlx_jobs.worker.engine.stopping, omlx_jobs.worker.engine.results\n"
+        "import omlx_jobs.worker.prompts, omlx_jobs.worker.engine.planner\n"
         "bad = sorted(m for m in sys.modules if m == 'mlx' or m.startswith(('mlx.', 'mlx_lm')))\n"
         "assert not bad, bad\n"
     )

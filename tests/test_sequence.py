@@ -7,6 +7,9 @@ import pytest
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.formats import SamplingParams
 from omlx_jobs.store.rows import RESULT_COLUMNS, CompletionRow
+from omlx_jobs.worker.engine.results import Choice, ItemResult, RequestFailure, completion_row
+from omlx_jobs.worker.engine.sequence import Collector, SequenceState, WorkItem
+from omlx_jobs.worker.engine.stopping import StopStrings, final_text
 from omlx_jobs.worker.prompts import (
     MediaSpan,
     Prompt,
@@ -17,9 +20,6 @@ from omlx_jobs.worker.prompts import (
     positions,
     token_key,
 )
-from omlx_jobs.worker.results import Choice, ItemResult, RequestFailure, completion_row
-from omlx_jobs.worker.sequence import Collector, SequenceState, WorkItem
-from omlx_jobs.worker.stopping import StopStrings, final_text
 
 
 class CharDetokenizer:

@@ -25,9 +25,9 @@ from mlx_lm.sample_utils import make_sampler
 
 from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.jobs.response_format import JSON_OBJECT_SCHEMA, ResponseFormat
-from omlx_jobs.worker.grammar import GrammarCache, GrammarTokenizer, model_eos_ids
-from omlx_jobs.worker.logits import BatchLogits, RowLogits, log_softmax, logits_width, row_logits
-from omlx_jobs.worker.logprobs import TokenLogprob, step_logprobs
+from omlx_jobs.worker.extras.grammar import GrammarCache, GrammarTokenizer, model_eos_ids
+from omlx_jobs.worker.extras.logits import BatchLogits, RowLogits, log_softmax, logits_width, row_logits
+from omlx_jobs.worker.extras.logprobs import TokenLogprob, step_logprobs
 
 SCHEMAS = json.loads((Path(__file__).parent / "data/schemas/schemas.json").read_text())["schemas"]
 JSON_OBJECT = ResponseFormat("json_object", json.dumps(JSON_OBJECT_SCHEMA))

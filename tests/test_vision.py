@@ -17,10 +17,12 @@ pytest.importorskip("mlx_vlm")
 
 from PIL import Image  # noqa: E402
 
-from omlx_jobs.worker import images  # noqa: E402
-from omlx_jobs.worker.vision import VisionModel, is_batched, vision_model_type  # noqa: E402
-from omlx_jobs.worker.vision_cache import FeatureCache  # noqa: E402
-from omlx_jobs.worker.vision_prefill import PositionedKVCache, positioned, prefill  # noqa: E402
+from omlx_jobs.worker.cache.positioned import PositionedKVCache, positioned  # noqa: E402
+from omlx_jobs.worker.prompts import ImageError  # noqa: E402
+from omlx_jobs.worker.vision import images  # noqa: E402
+from omlx_jobs.worker.vision.feature_cache import FeatureCache  # noqa: E402
+from omlx_jobs.worker.vision.model import VisionModel, is_batched, vision_model_type  # noqa: E402
+from omlx_jobs.worker.vision.prefill import prefill  # noqa: E402
 from tests.tiny_vlm import build_tiny_vlm  # noqa: E402
 
 N_TOKENS = 8
@@ -64,7 +66,7 @@ def user(text: str, n_images: int = 1, before: bool = True) -> list[dict[str, An
 def reference(vm: VisionModel, messages: list[dict[str, Any]], pics: list[images.DecodedImage]) -> list[int]:
     """Single-request greedy generation by mlx-vlm itself, from the same prompt text and the same pixels."""
 
-    from omlx_jobs.worker.vision import _template_messages
+    from omlx_jobs.worker.vision.model import _template_messages
 
     msgs, _ = _template_messages(messages)
     return generate_text(vm, vm.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False), pics)
@@ -135,7 +137,7 @@ def test_prompt_tokens_equal_the_processor(vm: VisionModel) -> None:
     pics = [picture(100, 70, 0), picture(60, 60, 1)]
     messages = user("Compare these two pictures.", n_images=2)
     prompt = vm.build_prompt(messages, pics)
-    from omlx_jobs.worker.vision import _template_messages
+    from omlx_jobs.worker.vision.model import _template_messages
 
     text = vm.processor.apply_chat_template(_template_messages(messages)[0], add_generation_prompt=True, tokenize=False)
     expected = vm.processor(text=[text], images=[p.pixels for p in pics])["input_ids"]
@@ -177,13 +179,13 @@ def test_prepare_a_stored_body(vm: VisionModel, tmp_path: Path) -> None:
     messages = [{"role": "user", "content": content}]
     prompt = vm.prepare(messages, ImageAccess.create([tmp_path]))
     assert len(prompt.spans) == 2 and prompt.spans[0].digest == prompt.spans[1].digest
-    with pytest.raises(images.ImageError) as exc:
+    with pytest.raises(ImageError) as exc:
         vm.prepare(messages, ImageAccess())  # this worker allows no folder
     assert exc.value.code == "image_path_not_allowed"
 
 
 def test_text_in_the_prompt_cannot_fake_an_image(vm: VisionModel) -> None:
-    with pytest.raises(images.ImageError) as exc:
+    with pytest.raises(ImageError) as exc:
         vm.build_prompt(user("look: <|image_pad|>"), [picture(60, 60, 1)])
     assert exc.value.code == "invalid_image"
 
@@ -296,7 +298,7 @@ def test_prefill_continues_from_a_cached_prefix(vm: VisionModel) -> None:
 
 
 def _truncated(prompt: Any, n: int) -> Any:
-    from omlx_jobs.worker.vision_prompt import VisionPrompt
+    from omlx_jobs.worker.vision.prompt import VisionPrompt
 
     spans = tuple(s for s in prompt.spans if s.end <= n)
     return VisionPrompt(prompt.tokens[:n], spans, {"images": prompt.extra["images"][: len(spans)]})
@@ -351,7 +353,7 @@ def test_prefill_rows_in_one_batch_equal_one_at_a_time(vm: VisionModel) -> None:
     same logits, caches and RoPE breaks as prefill() row by row."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    from omlx_jobs.worker.vision_prefill import prefill_rows
+    from omlx_jobs.worker.vision.prefill import prefill_rows
 
     rows = [
         vm.build_prompt(user("Describe this image."), [picture(100, 70, 0)]),

@@ -19,13 +19,16 @@ from omlx_jobs.errors import ErrorCode  # noqa: E402
 from omlx_jobs.jobs.formats import CHAT_URL, COMPLETIONS_URL, SamplingParams  # noqa: E402
 from omlx_jobs.jobs.images import ImageAccess  # noqa: E402
 from omlx_jobs.jobs.params import OutputParams  # noqa: E402
-from omlx_jobs.worker import model as model_mod  # noqa: E402
-from omlx_jobs.worker.engine import Engine, EngineConfig, ItemResult, WorkItem  # noqa: E402
-from omlx_jobs.worker.model import PromptError  # noqa: E402
-from omlx_jobs.worker.prompts import common_prefix  # noqa: E402
-from omlx_jobs.worker.vision_engine import TemplatePrompt, VisionLoaded, vision_prompt  # noqa: E402
-from omlx_jobs.worker.vision_prefill import prefill  # noqa: E402
-from omlx_jobs.worker.vision_serial import SerialEngine  # noqa: E402
+from omlx_jobs.worker import loading  # noqa: E402
+from omlx_jobs.worker.engine.config import EngineConfig  # noqa: E402
+from omlx_jobs.worker.engine.loop import Engine  # noqa: E402
+from omlx_jobs.worker.engine.results import ItemResult  # noqa: E402
+from omlx_jobs.worker.engine.sequence import WorkItem  # noqa: E402
+from omlx_jobs.worker.prompts import PromptError, common_prefix  # noqa: E402
+from omlx_jobs.worker.vision.loaded import TemplatePrompt, VisionLoaded  # noqa: E402
+from omlx_jobs.worker.vision.media import vision_prompt  # noqa: E402
+from omlx_jobs.worker.vision.prefill import prefill  # noqa: E402
+from omlx_jobs.worker.vision.serial import SerialEngine  # noqa: E402
 from tests.test_vision import generate_text, picture  # noqa: E402
 from tests.tiny_vlm import build_tiny_vlm  # noqa: E402
 
@@ -36,7 +39,7 @@ SYSTEM = "You are a helpful assistant. Answer briefly and clearly."
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
 def loaded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> VisionLoaded:
     path = build_tiny_vlm(tmp_path_factory.mktemp(request.param), model_type=request.param)
-    out = model_mod.load(str(path))
+    out = loading.load(str(path))
     assert isinstance(out, VisionLoaded) and out.vision is not None and out.vision.batched
     return out
 
@@ -77,7 +80,7 @@ def run(engine: Any, work: list[WorkItem]) -> tuple[dict[Any, ItemResult], Any]:
 
 def reference(loaded: VisionLoaded, body: dict[str, Any]) -> list[int]:
     """Single-request greedy generation by mlx-vlm, from the same template text and the same pixels."""
-    from omlx_jobs.worker.vision import _template_messages
+    from omlx_jobs.worker.vision.model import _template_messages
 
     vm = loaded.vision
     assert vm is not None
@@ -119,7 +122,7 @@ def test_batched_image_job_equals_single_request_mlx_vlm(loaded: VisionLoaded, p
 def test_image_prefixes_of_a_window_are_computed_in_one_batch(loaded: VisionLoaded, monkeypatch: Any) -> None:
     """Distinct images (a captioning job): each request's image positions are its own, computed for the whole
     window in one right-padded batch, not one request at a time."""
-    from omlx_jobs.worker import vision_prefill
+    from omlx_jobs.worker.vision import prefill as vision_prefill
 
     sizes: list[int] = []
     real = vision_prefill.prefill_rows
@@ -147,7 +150,7 @@ def test_same_image_is_reused_and_shows_in_cached_tokens(loaded: VisionLoaded) -
     for i in range(3):
         assert results[i].choices[0].token_ids == reference(loaded, bodies[i])
     # The system prompt and the image are computed once, charged to the first request that reuses them
-    # (worker/charges.py); the other two have them cached.
+    # (worker/engine/charges.py); the other two have them cached.
     cached = sorted(results[i].cached_tokens for i in range(3))
     assert cached[0] < image_end <= cached[1]
     assert stats.prefill_tokens <= sum(len(w.prompt) for w in work) - 2 * image_end
@@ -225,7 +228,7 @@ def test_different_images_with_the_same_text_never_share_an_entry(
 def test_shard_boundaries_part_at_the_first_different_image(loaded: VisionLoaded) -> None:
     """What a shard shares with its neighbours (job accounting) is counted by key, not by token ids."""
     from omlx_jobs.worker.prompts import positions
-    from omlx_jobs.worker.shard import ShardInput
+    from omlx_jobs.worker.runtime.shard import ShardInput
 
     work = items(loaded, [chat("What is this?", png(100, 70, 0)), chat("What is this?", png(100, 70, 2))])
     source = ShardInput()
@@ -288,7 +291,7 @@ def test_a_completions_prompt_on_a_vision_model(loaded: VisionLoaded) -> None:
 
 
 def test_a_text_model_refuses_images(tiny_loaded: Any) -> None:
-    from omlx_jobs.worker.model import PromptError
+    from omlx_jobs.worker.prompts import PromptError
 
     with pytest.raises(PromptError) as exc:
         tiny_loaded.prompt(CHAT_URL, chat("What is this?", png(60, 60, 0)))
@@ -298,8 +301,8 @@ def test_a_text_model_refuses_images(tiny_loaded: Any) -> None:
 def test_one_image_asked_about_many_times_is_loaded_once(loaded: VisionLoaded, monkeypatch: Any) -> None:
     from omlx_jobs.jobs import fetch
     from omlx_jobs.jobs.images import ImageSourceError
-    from omlx_jobs.worker.images import ImageError
-    from omlx_jobs.worker.vision_engine import ImageMemo
+    from omlx_jobs.worker.prompts import ImageError
+    from omlx_jobs.worker.vision.media import ImageMemo
 
     calls: list[str] = []
 
@@ -322,7 +325,7 @@ def test_one_image_asked_about_many_times_is_loaded_once(loaded: VisionLoaded, m
 
 
 def test_worker_access_is_checked_again(loaded: VisionLoaded, tmp_path: Path) -> None:
-    from omlx_jobs.worker.images import ImageError
+    from omlx_jobs.worker.prompts import ImageError
 
     (tmp_path / "a.png").write_bytes(png(60, 60, 0))
     body = {

@@ -146,8 +146,8 @@ def test_bad_images_fail_alone_and_the_job_goes_on(tmp_path: Path, env: dict[str
     usage = {cid: x["response"]["body"]["usage"] for cid, x in ok.items()}
     assert usage["data"]["prompt_tokens"] > usage["text"]["prompt_tokens"] + 4  # image tokens are prompt tokens
     # the same image after the same system prompt: computed once, charged to the first question that uses it
-    # (worker/charges.py) and reported as cached for the other
-    from omlx_jobs.worker.model import load
+    # (worker/engine/charges.py) and reported as cached for the other
+    from omlx_jobs.worker.loading import load
 
     prompt = load(str(vlm_dir)).prompt("/v1/chat/completions", json.loads(lines[-1])["body"])
     image_end = prompt.media[0].start + prompt.media[0].length

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from omlx_jobs.worker.vision_cache import FeatureCache
-from omlx_jobs.worker.vision_prompt import (
+from omlx_jobs.worker.vision.feature_cache import FeatureCache
+from omlx_jobs.worker.vision.prompt import (
     IMAGE_UNIT_FLAG,
     ImageSpan,
     VisionPrompt,
@@ -80,7 +80,8 @@ def test_feature_cache_lru_in_bytes() -> None:
 
 def test_pure_modules_import_no_mlx() -> None:
     code = (
-        "import sys; import omlx_jobs.worker.vision_prompt, omlx_jobs.worker.vision_cache, omlx_jobs.jobs.images, "
-        "omlx_jobs.jobs.parts; assert 'mlx' not in sys.modules and 'PIL' not in sys.modules, sorted(sys.modules)"
+        "import sys; import omlx_jobs.worker.vision.prompt, omlx_jobs.worker.vision.feature_cache, "
+        "omlx_jobs.jobs.images, omlx_jobs.jobs.parts; "
+        "assert 'mlx' not in sys.modules and 'PIL' not in sys.modules, sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,111 +1,32 @@
-"""The RQ entry point of a shard, and the worker process's context (store, engine, stop flags).
+"""The RQ entry point of a shard: `run_shard`, whose import path queued messages name (jobs/queue.SHARD_FUNC).
 
-RQ calls `run_shard` with JSON arguments; the model stays loaded in this process between shards.
+RQ calls it with JSON arguments; it runs the shard in the worker process's context (runtime/context.py, which
+`omlx-jobs worker` installs through `install`), where the model stays loaded between shards.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
-import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from redis import Redis
+from rq.timeouts import JobTimeoutException
 
-from omlx_jobs import defaults
 from omlx_jobs.errors import OmlxError
 from omlx_jobs.jobs.actions import shard_timeout_of
-from omlx_jobs.jobs.images import ImageAccess
 from omlx_jobs.jobs.queue import Shard, enqueue_shards
-from omlx_jobs.store import Store, StoreError
+from omlx_jobs.store import StoreError
 from omlx_jobs.store.db import JobNotFound
-from omlx_jobs.worker import shard
-from omlx_jobs.worker.engine import Control, Engine
+from omlx_jobs.worker.runtime import shard
+from omlx_jobs.worker.runtime.context import WorkerContext, current, install
+
+__all__ = ["UnknownJob", "WorkerContext", "current", "install", "run_shard"]  # the context: runtime/context.py
 
 log = logging.getLogger(__name__)
-
-DEFAULT_DRAIN_TIMEOUT = defaults.DRAIN_TIMEOUT
 
 
 class UnknownJob(OmlxError, LookupError):
     """A shard message names a job that is not in this worker's store."""
-
-
-@dataclass
-class WorkerContext:
-    store: Store
-    engine: Engine
-    redis: Redis | None = None
-    queue: str | None = None
-    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
-    images: ImageAccess = field(default_factory=ImageAccess)
-    """Where images in messages may come from on this worker (--allow-files-from, --allow-remote-images); the
-    worker checks every image again against it, whatever submit allowed."""
-    fatal: str | None = None
-    """Set when the store fails (disk full, read-only): the worker stops taking work."""
-    name: str | None = None
-    """The RQ worker's name: recorded with every shard run (status --json lists who ran a job)."""
-    current: tuple[str, int, int] | None = None
-    """The shard running now (job id, first, end position): `omlx-jobs workers` shows it."""
-    last_shard: tuple[str, int] | None = None
-    on_shard: Callable[[], None] | None = field(default=None, repr=False)
-    """Called when a shard starts (the RQ worker publishes its record then)."""
-    """The shard finished last (job id, first position): its prefix group is in this worker's cache."""
-    requests_done: int = 0
-    _drain_deadline: float | None = field(default=None, repr=False)
-    _stop: bool = field(default=False, repr=False)
-    _recent: collections.deque[tuple[float, int]] = field(default_factory=collections.deque, repr=False)
-
-    def request_drain(self) -> None:
-        """Stop admitting; in-flight requests get drain_timeout seconds to finish, the rest go back to the queue."""
-        if self._drain_deadline is None:
-            self._drain_deadline = time.monotonic() + self.drain_timeout
-
-    def request_stop(self) -> None:
-        self._stop = True
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop or self._drain_deadline is not None
-
-    def meter(self, requests: int, tokens: int) -> None:
-        """Count committed results and their completion tokens, for tokens_per_second."""
-        self.requests_done += requests
-        self._recent.append((time.monotonic(), tokens))
-
-    def tokens_per_second(self, window: float = 60.0) -> float:
-        """Completion tokens per second over the last `window` seconds."""
-        now = time.monotonic()
-        while self._recent and self._recent[0][0] < now - window:
-            self._recent.popleft()
-        if not self._recent:
-            return 0.0
-        span = max(now - self._recent[0][0], 1.0)
-        return sum(t for _, t in self._recent) / span
-
-    def control(self) -> Control:
-        if self._stop:
-            return Control.STOP
-        if self._drain_deadline is not None:
-            return Control.DRAIN if time.monotonic() < self._drain_deadline else Control.STOP
-        return Control.RUN
-
-
-_context: WorkerContext | None = None
-
-
-def install(context: WorkerContext | None) -> None:
-    global _context
-    _context = context
-
-
-def current() -> WorkerContext:
-    if _context is None:
-        raise RuntimeError("run_shard runs inside `omlx-jobs worker`, which loads the model first")
-    return _context
 
 
 def run_shard(job_id: Any, start: Any, end: Any) -> dict[str, Any]:
@@ -147,8 +68,6 @@ def run_shard(job_id: Any, start: Any, end: Any) -> dict[str, Any]:
 
 def _shard_timeout(exc: BaseException) -> BaseException | None:
     """The shard-timeout exception (RQ raises it from a signal, anywhere) that caused `exc`, if any."""
-    from rq.timeouts import JobTimeoutException
-
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, JobTimeoutException):

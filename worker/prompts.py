@@ -1,4 +1,5 @@
-"""Prompts and their prefix keys: the only code that knows how a key is encoded. Pure: no MLX.
+"""Prompts and their prefix keys: the only code that knows how a key is encoded; and the errors of a prompt that
+cannot run (PromptError, ImageError). Pure: no MLX.
 
 A key holds one fixed-width, big-endian value per prompt position, so byte order is position order: sorting,
 comparing and common-prefix search of keys run in C over bytes, and the planner's trie, the prefix cache and
@@ -19,6 +20,8 @@ import hashlib
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from omlx_jobs.errors import ErrorCode, OmlxError
 
 POSITION_BYTES = 4
 _FORMAT = {4: "I", 8: "Q"}[POSITION_BYTES]
@@ -107,3 +110,16 @@ class Prompt:
     def prefix_key(self, n: int) -> bytes:
         """The key of the first `n` positions."""
         return key_prefix(self.key, n)
+
+
+class PromptError(OmlxError):
+    """A request that cannot run on this model; `code` is stored as the request's error code."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = ErrorCode(code)
+        self.message = message
+
+
+class ImageError(PromptError):
+    """A request whose image cannot be used (vision/images.IMAGE_ERROR_CODES); the message says what to do."""

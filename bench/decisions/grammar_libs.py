@@ -271,7 +271,7 @@ def _tokenizer(ref: str) -> tuple[str, Any, int, list[int]]:
 
         path = build_tiny_model(Path(tempfile.mkdtemp()) / "tiny")
     else:
-        from omlx_jobs.worker.model import resolve_model_path
+        from omlx_jobs.worker.models.paths import resolve_model_path
 
         path = resolve_model_path(ref)
     config = json.loads((path / "config.json").read_text())

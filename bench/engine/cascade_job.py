@@ -23,6 +23,7 @@ decode), are printed for each, with the ratios.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -61,7 +62,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     from bench.engine.prefix import Workload, run_batch_generate, run_ours
     from bench.lib.models import load_bench_model
-    from omlx_jobs.worker.engine import EngineConfig
+    from omlx_jobs.defaults import Switches
+    from omlx_jobs.worker.engine.config import EngineConfig
 
     loaded = load_bench_model(args.model, dtype=args.dtype)
     mx.eval(loaded.model.parameters())
@@ -77,13 +79,19 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     else:
         small = prompts_for(vocab, min(args.preamble, 256), min(args.questions, 16), args.question_tokens, seed=1)
         warm = Workload("warm", small, max_tokens=4)
+    env = Switches.from_env()
     base = dict(
         completion_batch_size=args.batch_size,
         prefill_batch_size=args.prefill_batch_size,
         ignore_eos=True,
         min_shared_tokens=args.min_shared_tokens,
         cache_memory=None,
-        cascade=args.child in ("cascade", "mxprefix"),
+        switches=dataclasses.replace(
+            env,
+            cascade=args.child in ("cascade", "mxprefix"),
+            cpu_prefill=env.cpu_prefill and args.child != "today",
+            cascade_prefix_kernel=env.cascade_prefix_kernel and args.child != "mxprefix",
+        ),
     )
     gpu = mx.default_device() == mx.gpu
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,11 +122,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
 def spawn(args: argparse.Namespace, run: str) -> dict[str, Any]:
     argv = [sys.executable, __file__, *sys.argv[1:], "--child", run]
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    if run == "today":
-        env["OMLX_JOBS_CPU_PREFILL"] = "0"
-    if run == "mxprefix":
-        env["OMLX_JOBS_CASCADE_PREFIX_KERNEL"] = "0"
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}  # the child sets its switches from --child
     out = subprocess.run(argv, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         print(f"-- {run} failed (exit {out.returncode}):\n{out.stderr[-3000:]}", flush=True)
@@ -187,7 +191,7 @@ def main() -> None:
         f"model {args.model} ({args.dtype or 'its dtype'}); {args.questions} questions of {args.question_tokens} "
         f"tokens after one {args.preamble}-token preamble, {args.max_tokens} tokens out, batch {args.batch_size}, "
         f"prefill batch {args.prefill_batch_size}; {platform.machine()} {platform.system()}, "
-        f"BLAS {omlx_jobs.worker.blas.loaded}; load average {os.getloadavg()[0]:.1f}",
+        f"BLAS {omlx_jobs.worker.models.blas.loaded}; load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
     rows = []

@@ -55,7 +55,7 @@ def _load(ref: str) -> Any:
 
 def compile_times(loaded: Any) -> dict[str, Any]:
     from omlx_jobs.jobs.response_format import ResponseFormat
-    from omlx_jobs.worker.grammar import GrammarCache, GrammarTokenizer, model_eos_ids
+    from omlx_jobs.worker.extras.grammar import GrammarCache, GrammarTokenizer, model_eos_ids
 
     vocab = _vocab(loaded)
     t0 = time.perf_counter()
@@ -78,7 +78,7 @@ def compile_times(loaded: Any) -> dict[str, Any]:
 
 
 def _vocab(loaded: Any) -> int:
-    from omlx_jobs.worker.logits import logits_width
+    from omlx_jobs.worker.extras.logits import logits_width
 
     return logits_width(loaded.model)
 
@@ -105,7 +105,7 @@ def mask_step_cost(tok: Any, cache: Any, batch: int, steps: int, executor: Any) 
 
     from omlx_jobs.jobs.params import OutputParams
     from omlx_jobs.jobs.response_format import ResponseFormat
-    from omlx_jobs.worker.logits import BatchLogits, row_logits
+    from omlx_jobs.worker.extras.logits import BatchLogits, row_logits
 
     specs = [SCHEMAS[i % len(SCHEMAS)] for i in range(batch)]
     docs = [tok.ll.tokenize_str(json.dumps(s["example"], separators=(",", ":"))) for s in specs]
@@ -186,7 +186,7 @@ class Run:
 
         from omlx_jobs.jobs.params import OutputParams
         from omlx_jobs.jobs.response_format import ResponseFormat
-        from omlx_jobs.worker.logits import BatchLogits, row_logits
+        from omlx_jobs.worker.extras.logits import BatchLogits, row_logits
 
         self.mg = importlib.import_module("mlx_lm.generate")  # the module (mlx_lm.generate is also a function)
         self.loaded, self.prompts, self.variant = loaded, prompts, variant
@@ -312,7 +312,9 @@ def engine_rounds(loaded: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Decode tok/s through the engine, unconstrained against json_schema, over alternating rounds."""
     from omlx_jobs.jobs.formats import CHAT_URL, SamplingParams, parse_line
     from omlx_jobs.jobs.params import OutputParams
-    from omlx_jobs.worker.engine import Engine, EngineConfig, WorkItem
+    from omlx_jobs.worker.engine.config import EngineConfig
+    from omlx_jobs.worker.engine.loop import Engine
+    from omlx_jobs.worker.engine.sequence import WorkItem
 
     config = EngineConfig(completion_batch_size=args.batch, prefix_cache=False, ignore_eos=args.ignore_eos)
     engine = Engine(loaded, config)
@@ -399,7 +401,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import omlx_jobs.worker  # noqa: F401  (OpenBLAS before mlx)
-    from omlx_jobs.worker.grammar import GrammarCache, GrammarTokenizer, model_eos_ids
+    from omlx_jobs.worker.extras.grammar import GrammarCache, GrammarTokenizer, model_eos_ids
 
     report: dict[str, Any] = {"model": args.model, "args": vars(args) | {"json": str(args.json)}}
     report["load_before"] = os.getloadavg()

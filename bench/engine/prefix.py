@@ -21,6 +21,7 @@ path generates the same number of tokens.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -135,8 +136,8 @@ def run_ours(loaded: Any, w: Workload, label: str, config: Any, workdir: Path, r
 
     from omlx_jobs.jobs.submit import load_job
     from omlx_jobs.store import open_store
-    from omlx_jobs.worker.engine import Engine
-    from omlx_jobs.worker.shard import run_shard
+    from omlx_jobs.worker.engine.loop import Engine
+    from omlx_jobs.worker.runtime.shard import run_shard
 
     src = workdir / f"{w.name}.jsonl"
     if not src.exists():
@@ -183,7 +184,8 @@ def run_ours(loaded: Any, w: Workload, label: str, config: Any, workdir: Path, r
 
 
 def bench_workload(loaded: Any, w: Workload, args: argparse.Namespace, workdir: Path) -> list[Run]:
-    from omlx_jobs.worker.engine import EngineConfig
+    from omlx_jobs.defaults import Switches
+    from omlx_jobs.worker.engine.config import EngineConfig
 
     base = dict(
         completion_batch_size=args.batch_size,
@@ -225,7 +227,8 @@ def bench_workload(loaded: Any, w: Workload, args: argparse.Namespace, workdir: 
             print(f"-- profile of omlx-jobs, cache unbounded, workload {w.name} (cumulative, top 30)")
             pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
         if "stock" in args.runs:
-            stock = EngineConfig(cache_memory=None, ragged_decode=False, **base)
+            no_kernel = dataclasses.replace(Switches.from_env(), ragged_decode=False)
+            stock = EngineConfig(cache_memory=None, switches=no_kernel, **base)
             keep(run_ours(loaded, w, "omlx-jobs, mlx-lm attention", stock, workdir, rep))
         if "capped" in args.runs:
             cap = max(1, unbounded.peak_cache_bytes // 4)
@@ -297,7 +300,7 @@ def main() -> None:
     loaded = load_bench_model(args.model, dtype=args.dtype)
     print(
         f"model {args.model} loaded in {time.perf_counter() - t:.1f}s; device {mx.default_device()}; "
-        f"{platform.machine()} {platform.system()}; BLAS {omlx_jobs.worker.blas.loaded}"
+        f"{platform.machine()} {platform.system()}; BLAS {omlx_jobs.worker.models.blas.loaded}"
     )
     vocab = (100, max(200, min(loaded.vocab_size - 100, 30000)))
     workloads = make_workloads(vocab, scale, count_scale=args.count_scale)

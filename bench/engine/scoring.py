@@ -37,7 +37,9 @@ def questions(n: int) -> list[str]:
 def engine_run(loaded: Any, prompts: list[str], args: argparse.Namespace) -> dict[str, Any]:
     from omlx_jobs.jobs.formats import COMPLETIONS_URL, SamplingParams
     from omlx_jobs.jobs.params import OutputParams
-    from omlx_jobs.worker.engine import Engine, EngineConfig, WorkItem
+    from omlx_jobs.worker.engine.config import EngineConfig
+    from omlx_jobs.worker.engine.loop import Engine
+    from omlx_jobs.worker.engine.sequence import WorkItem
 
     engine = Engine(loaded, EngineConfig(completion_batch_size=args.batch))
     items = []

@@ -100,7 +100,7 @@ class Outcome:
 
 
 def load_model(spec: str, dtype: str | None, side: int) -> Any:
-    from omlx_jobs.worker.vision import VisionModel
+    from omlx_jobs.worker.vision.model import VisionModel
     from tests import tiny_vlm
 
     root = Path(tempfile.mkdtemp(prefix="bench-vision-"))
@@ -127,7 +127,7 @@ def load_model(spec: str, dtype: str | None, side: int) -> Any:
 def make_job(side: int, max_tokens: int, n_images: int = 8, per_image: int = 8) -> Job:
     from PIL import Image
 
-    from omlx_jobs.worker import images
+    from omlx_jobs.worker.vision import images
 
     pics, pngs = [], []
     for k in range(n_images):
@@ -166,9 +166,11 @@ def run_engine(loaded: Any, job: Job, batch: int, prefix_cache: bool, features: 
     import base64
 
     from omlx_jobs.jobs.formats import CHAT_URL, SamplingParams
-    from omlx_jobs.worker.engine import Engine, EngineConfig, WorkItem
-    from omlx_jobs.worker.vision_cache import FeatureCache
-    from omlx_jobs.worker.vision_engine import ImageMemo
+    from omlx_jobs.worker.engine.config import EngineConfig
+    from omlx_jobs.worker.engine.loop import Engine
+    from omlx_jobs.worker.engine.sequence import WorkItem
+    from omlx_jobs.worker.vision.feature_cache import FeatureCache
+    from omlx_jobs.worker.vision.media import ImageMemo
 
     vm = loaded.vision
     vm.features = FeatureCache() if features else FeatureCache(max_bytes=0)
@@ -205,7 +207,7 @@ def _with_url(messages: list[dict[str, Any]], url: str) -> list[dict[str, Any]]:
 
 
 def _text(vm: Any, messages: list[dict[str, Any]]) -> str:
-    from omlx_jobs.worker.vision import _template_messages
+    from omlx_jobs.worker.vision.model import _template_messages
 
     return vm.processor.apply_chat_template(_template_messages(messages)[0], add_generation_prompt=True, tokenize=False)
 
@@ -297,7 +299,7 @@ def main() -> None:
     n_images, per_image = (4, 4) if args.quick else (8, 8)
     max_tokens = args.max_tokens or (8 if args.quick else 16)
     job = make_job(side, max_tokens, n_images, per_image)
-    from omlx_jobs.worker.vision_engine import loaded_vision
+    from omlx_jobs.worker.vision.loaded import loaded_vision
 
     loaded = loaded_vision(vm, args.model)
     b = args.batch_size

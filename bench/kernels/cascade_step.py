@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -35,15 +36,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.models import load_bench_model
 from bench.lib.steps import floor, graph_nodes, own_caches, random_array, stacked_ms, timed
-from omlx_jobs.worker import (  # the worker package loads a fast BLAS first
-    attention,
-    cascade,
-    cascade_decode,
-    cascade_fused,
-    cascade_kernel,
-    cascade_prefix,
-)
-from omlx_jobs.worker.cascade_cache import CascadeKVCache, Segment
+from omlx_jobs.defaults import Switches
+from omlx_jobs.worker.attention import cascade, cascade_decode, routing
+from omlx_jobs.worker.attention import fused as cascade_fused
+from omlx_jobs.worker.attention.kernels import prefix as cascade_prefix
+from omlx_jobs.worker.attention.kernels import ragged as attention  # the worker package loads a fast BLAS first
+from omlx_jobs.worker.attention.kernels import suffix as cascade_kernel
+from omlx_jobs.worker.attention.options import CascadeOptions, Routing
+from omlx_jobs.worker.attention.parts import Level, merge
+from omlx_jobs.worker.backend.cascade_cache import CascadeKVCache, Segment
 
 
 def cascade_caches(model: Any, rows: int, prefix: int, own: int, dtype: Any) -> list[Any]:
@@ -93,43 +94,27 @@ def step_ms(model: Any, caches: list[Any], iters: int, route: Any = None) -> tup
     return ms, sum(build[-iters - 1 : -1]) / iters * 1000, sum(nodes.values())
 
 
-@contextlib.contextmanager
-def _setting(module: Any, name: str, value: Any) -> Any:
-    """module.name = value while the block runs (the switches the modes differ by)."""
-    previous = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, previous)
+OPTIONS = CascadeOptions()
+"""The options (and compiled graphs) of the parts timed on their own."""
 
 
-def _eager() -> Any:
-    return _setting(cascade, "COMPILE", False)
-
-
-def _prefix_kernel(on: bool) -> Any:
-    return _setting(cascade_prefix, "ENABLED", on)
-
-
-def _fused_decode(value: str) -> Any:
-    return _setting(cascade_fused, "FUSED_DECODE", value)
+def kernel_options(prefix: bool) -> CascadeOptions:
+    """Cascade options with the CUDA kernels: the suffix kernel, and the prefix kernel if `prefix`."""
+    return routing.for_backend(Switches(cascade_prefix_kernel=prefix), kernels=True).cascade
 
 
 def route(mode: str, cuda: bool) -> Any:
     """The attention routing of a mode: ragged (today on CUDA), kernel (cascade's suffix kernel, prefix in mx ops),
     prefix (both cascade kernels), eager (cascade uncompiled), fused (cascade_fused.decode: mlx's fused attention,
     the rows along the query axis); the other modes with the fused decode off."""
-    stack = contextlib.ExitStack()
-    if mode == "ragged" and cuda:
-        stack.enter_context(attention.enabled())
-    stack.enter_context(_fused_decode("1" if mode == "fused" else "0"))
-    if mode in ("kernel", "prefix"):
-        stack.enter_context(_prefix_kernel(mode == "prefix"))
-        stack.enter_context(cascade_decode.kernel_enabled())
-    if mode == "eager":
-        stack.enter_context(_eager())
-    return stack
+    switches = Switches(
+        cascade_fused_decode=mode == "fused",
+        cascade_prefix_kernel=mode == "prefix",
+        cascade_compile="never" if mode == "eager" else "auto",
+    )
+    chosen = routing.for_backend(switches, kernels=mode in ("kernel", "prefix"))
+    chosen = dataclasses.replace(chosen, ragged=attention.ragged_decode if mode == "ragged" and cuda else None)
+    return routing.active(chosen)
 
 
 def compare(model: Any, rows: int, args: argparse.Namespace, dtype: Any, cuda: bool, gpu: bool) -> dict[str, float]:
@@ -200,7 +185,7 @@ def layer_ms(model: Any, full: Any, shared: Any, iters: int, cuda: bool) -> dict
     kv_heads = a.num_key_value_heads
     sizes = cascade_decode.batch_sizes(rows, levels)
     prefix_part = cascade_decode._decode_step(
-        kv_heads, a.num_attention_heads // kv_heads, scale, structure, True, sizes
+        kv_heads, a.num_attention_heads // kv_heads, scale, structure, False, sizes, OPTIONS
     )
     flat = [x for lv in levels for x in (lv.keys, lv.values, lv.rows, lv.slot, lv.member) if x is not None]
     if cuda:
@@ -230,14 +215,14 @@ def layer_ms(model: Any, full: Any, shared: Any, iters: int, cuda: bool) -> dict
     if cuda:
         out["stack_today"] = stacked(lambda: attention.ragged_decode(q, k, v, full.left_padding, scale))
         whole = lambda: cascade.attention(q, ok, ov, levels, scale, own_mask, own.left_padding)  # noqa: E731
-        with _prefix_kernel(False), cascade_decode.kernel_enabled():
+        with routing.active(Routing(cascade=kernel_options(False))):
             out["layer_kernel"] = timed(whole, iters)
             out["stack_kernel"] = stacked(whole)
         if cascade_decode.prefix_supported(q.dtype, a.num_attention_heads, kv_heads, a.head_dim):
-            part = lambda: cascade_decode._prefix_levels(q, levels, scale, cascade_prefix.prefix_decode)  # noqa: E731
+            part = lambda: cascade_decode._prefix_levels(q, levels, scale, cascade_prefix.prefix_decode, OPTIONS)  # noqa: E731
             out["layer_prefix_kernel"] = timed(part, iters)
             out["stack_prefix_kernel"] = stacked(part)
-            with _prefix_kernel(True), cascade_decode.kernel_enabled():
+            with routing.active(Routing(cascade=kernel_options(True))):
                 out["layer_both"] = timed(whole, iters)
                 out["stack_both"] = stacked(whole)
     return out
@@ -251,7 +236,7 @@ def admit_ms(model: Any, rows: int, prefix: int, suffix: int, dtype: Any, iters:
     import mlx.core as mx
     from mlx_lm.models.cache import BatchKVCache, KVCache
 
-    from omlx_jobs.worker.cascade_cache import SharedPrefix, row_caches
+    from omlx_jobs.worker.backend.cascade_cache import SharedPrefix, row_caches
 
     a = model.args
     entry = []
@@ -298,16 +283,16 @@ def check_kernel() -> None:
                 portable = cascade.attention(q, k, v, levels, scale, mask, start).astype(mx.float32)
                 errors = [mx.abs(portable - ref).max().item(), nan, nan]
                 try:
-                    o, lse = cascade.merge([cascade.attend_level(q, lv, scale) for lv in levels])
+                    o, lse = merge([cascade.attend_level(q, lv, scale) for lv in levels])
                     kern = cascade_kernel.suffix_decode(q, k, v, start, o, lse, scale).astype(mx.float32)
                     want = cascade_kernel.suffix_decode_reference(q, k, v, start, o, lse, scale).astype(mx.float32)
-                    with _prefix_kernel(False), cascade_decode.kernel_enabled():
-                        whole = cascade.attention(q, k, v, levels, scale, mask, start).astype(mx.float32)
+                    whole = cascade.attention(q, k, v, levels, scale, mask, start, options=kernel_options(False))
+                    whole = whole.astype(mx.float32)
                     errors[1:] = [mx.abs(kern - want).max().item(), mx.abs(whole - ref).max().item()]
                     fused = cascade_fused.decode(q, k, v, k.shape[2], start, levels, scale).astype(mx.float32)
                     errors.append(mx.abs(fused - ref).max().item())
-                    with _prefix_kernel(True), cascade_decode.kernel_enabled():
-                        both = cascade.attention(q, k, v, levels, scale, mask, start).astype(mx.float32)
+                    both = cascade.attention(q, k, v, levels, scale, mask, start, options=kernel_options(True))
+                    both = both.astype(mx.float32)
                     errors.append(mx.abs(both - ref).max().item())
                 except Exception as exc:  # report it and go on: the mx path's figures still count
                     print(f"check: the kernel failed: {type(exc).__name__}: {str(exc)[:500]}", flush=True)
@@ -334,8 +319,8 @@ def check_one_level(case: Any) -> None:
                     heads=heads, kv_heads=kv_heads, dim=dim, n=1, dtype=dtype, chains=[[0]] * 8, segments=[1500]
                 )
                 try:
-                    with _prefix_kernel(True), cascade_decode.kernel_enabled():
-                        both = cascade.attention(q, k, v, levels, dim**-0.5, mask, start).astype(mx.float32)
+                    both = cascade.attention(q, k, v, levels, dim**-0.5, mask, start, options=kernel_options(True))
+                    both = both.astype(mx.float32)
                     err = mx.abs(both - ref).max().item()
                 except Exception as exc:
                     print(f"check one level: failed: {type(exc).__name__}: {str(exc)[:800]}", flush=True)
@@ -397,7 +382,7 @@ def tune_prefix_kernel(model: Any, rows_list: list[int], prefix: int, iters: int
     layers, kv_heads, g = len(model.layers), a.num_key_value_heads, a.num_attention_heads // a.num_key_value_heads
     scale = a.head_dim**-0.5
     keys, values = (random_array((1, kv_heads, prefix, a.head_dim), dtype) for _ in range(2))
-    levels = [cascade.Level(keys, values, None, None)]
+    levels = [Level(keys, values, None, None)]
 
     def stacked(fn: Any) -> str:
         total, build = stacked_ms(fn, layers, max(2, iters // 4))
@@ -408,14 +393,16 @@ def tune_prefix_kernel(model: Any, rows_list: list[int], prefix: int, iters: int
         for rows in rows_list:
             q = random_array((rows, a.num_attention_heads, 1, a.head_dim), dtype)
             mx.eval(q, keys, values)
-            mx_part = cascade_decode._decode_step(kv_heads, g, scale, (False,), True, (rows,))
+            mx_part = cascade_decode._decode_step(kv_heads, g, scale, (False,), False, (rows,), OPTIONS)
             cells = [f"mx ops {stacked(lambda q=q, f=mx_part: f(q, keys, values))}"]
             for warps in (4, 8):
                 for target in (132, 264, 528):
                     cascade_prefix._WARPS, cascade_prefix.TARGET_BLOCKS = warps, target
                     parts = cascade_prefix.splits(rows * g, kv_heads, prefix)
                     ms = stacked(
-                        lambda q=q: cascade_decode._prefix_levels(q, levels, scale, cascade_prefix.prefix_decode)
+                        lambda q=q, k=cascade_prefix.prefix_decode: cascade_decode._prefix_levels(
+                            q, levels, scale, k, OPTIONS
+                        )
                     )
                     cells.append(f"{warps}w/{target} ({parts} parts) {ms}")
             head = f"tune prefix part, {rows} rows x {prefix} keys, ms per layer (of it Python building): "
@@ -504,9 +491,8 @@ def main() -> None:
         cascade_prefix.prefix_decode = cascade_prefix.prefix_decode_reference
     loaded = load_bench_model(args.model, dtype=args.dtype)
     model = loaded.model
-    cuda = attention.available() and attention.install(model)
-    # Cascade's routing goes outside the ragged one, so a batch without levels still gets the ragged kernel.
-    if not (cascade.eligible(model) and cascade.install(model)):
+    cuda = attention.available() and routing.install(model)
+    if not (routing.install(model) and routing.cascade_eligible(model)):
         sys.exit(f"{args.model}: cascade attention does not apply to this model type")
     gpu = mx.default_device() == mx.gpu or args.emulate_cuda
     dtype = model.layers[0].self_attn.q_proj.weight.dtype

@@ -62,7 +62,7 @@ def main() -> None:
         mask = create_causal_mask(n, offset, left_padding=mx.array([0]))
         mx.eval(q, k, v, mask)
         print(f"N {n} after {offset}: " + row((q, k, v, mask), scale, args), flush=True)
-    from omlx_jobs.worker import cascade
+    from omlx_jobs.worker.attention import parts as cascade
 
     g = args.heads // args.kv_heads
     q = mx.random.normal((1, args.kv_heads, args.decode_rows * g, args.dim))
@@ -78,22 +78,22 @@ def row(inputs: tuple[Any, ...], scale: float, args: argparse.Namespace) -> str:
     """mlx's attention, then each block size with power(2, x) and with the polynomial; the outputs' difference."""
     import mlx.core as mx
 
-    from omlx_jobs.worker import cascade, cpu_prefill
+    from omlx_jobs.worker.attention import cpu_prefill
+    from omlx_jobs.worker.attention import parts as cascade
 
     q, k, v, mask = inputs
     theirs = best_ms(lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask), args.repeat)
     cells = [f"mlx {theirs:.1f}"]
     for block in map(int, args.blocks.split(",")):
-        cpu_prefill.BLOCK = block
-        ours = best_ms(lambda: cpu_prefill.attention(q, k, v, scale, mask), args.repeat)
+        ours = best_ms(lambda b=block: cpu_prefill.attention(q, k, v, scale, mask, block=b), args.repeat)
         power, cascade._exp = cascade._exp, lambda x: cascade._exp2(x * cascade.LOG2E)
         try:
-            poly = best_ms(lambda: cpu_prefill.attention(q, k, v, scale, mask), args.repeat)
+            poly = best_ms(lambda b=block: cpu_prefill.attention(q, k, v, scale, mask, block=b), args.repeat)
         finally:
             cascade._exp = power
         cells.append(f"blocks of {block}: {ours:.1f} ({theirs / ours:.2f}x), poly {poly:.1f}")
     want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
-    err = mx.abs(cpu_prefill.attention(q, k, v, scale, mask) - want).max().item()
+    err = mx.abs(cpu_prefill.attention(q, k, v, scale, mask, block=block) - want).max().item()
     return "; ".join(cells) + f"; max difference {err:.1e}"
 
 

@@ -26,7 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.models import load_bench_model
 from bench.lib.steps import timed
-from omlx_jobs.worker import attention  # the worker package loads a fast BLAS before mlx
+from omlx_jobs.worker.attention import routing
+from omlx_jobs.worker.attention.kernels import ragged as attention  # the worker package loads a fast BLAS before mlx
+from omlx_jobs.worker.attention.options import Routing
 
 
 def batch_caches(model: Any, b: int, length: int, dtype: Any, padded: bool) -> list[Any]:
@@ -55,7 +57,7 @@ def step_ms(model: Any, b: int, length: int, dtype: Any, mode: str, iters: int) 
     import mlx.core as mx
     from mlx_lm.models.cache import BatchKVCache
 
-    if mode == "ragged" and not (attention.available() and attention.install(model)):
+    if mode == "ragged" and not (attention.available() and routing.install(model)):
         return float("nan")
     mask = mode != "none"
     caches = batch_caches(model, b, length, dtype, padded=mask)
@@ -71,7 +73,7 @@ def step_ms(model: Any, b: int, length: int, dtype: Any, mode: str, iters: int) 
     if not mask:
         BatchKVCache.make_mask = lambda self, n, **kw: None if n == 1 else original(self, n, **kw)
     try:
-        with attention.enabled() if mode == "ragged" else contextlib.nullcontext():
+        with routing.active(Routing(ragged=attention.ragged_decode)) if mode == "ragged" else contextlib.nullcontext():
             return timed(run, iters)
     finally:
         BatchKVCache.make_mask = original

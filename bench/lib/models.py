@@ -46,7 +46,7 @@ def random_qwen3(shape: str, dtype: str | None = None) -> Any:
     from mlx.utils import tree_flatten, tree_unflatten
     from mlx_lm.models import qwen3
 
-    from omlx_jobs.worker.model import LoadedModel
+    from omlx_jobs.worker.models.loaded import LoadedModel
 
     config = dict(
         model_type="qwen3",
@@ -76,7 +76,7 @@ def random_qwen3(shape: str, dtype: str | None = None) -> Any:
 
 
 def load_bench_model(spec: str, dtype: str | None = None) -> Any:
-    from omlx_jobs.worker.model import load
+    from omlx_jobs.worker.loading import load
 
     if spec == "tiny":
         from tests.tiny_model import build_tiny_model

@@ -14,7 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from omlx_jobs.worker import attention  # the worker package loads a fast BLAS before mlx
+from omlx_jobs.worker.attention import routing
+from omlx_jobs.worker.attention.kernels import ragged as attention  # the worker package loads a fast BLAS before mlx
+from omlx_jobs.worker.attention.options import Routing
 
 VIEW_PRIMITIVES = frozenset(
     {"Broadcast", "Reshape", "Slice", "Transpose", "ExpandDims", "Squeeze", "AsStrided", "Flatten", "Unflatten"}
@@ -150,7 +152,7 @@ def floor(model: Any, rows: int, length: int, iters: int, dtype: Any, cuda: bool
     tokens = mx.array([[7]] * rows)
     start = [c._idx for c in caches]
     build = run = 0.0
-    with attention.enabled() if cuda else contextlib.nullcontext():
+    with routing.active(Routing(ragged=attention.ragged_decode)) if cuda else contextlib.nullcontext():
         mx.eval(model(tokens, cache=caches))
         for c, s in zip(caches, start, strict=True):
             c._idx = s

@@ -1,0 +1,183 @@
+"""Continuous batching over mlx-lm's BatchGenerator, for one run: insert rows, step, remove, close.
+
+Rows go in as RowSpec (a prompt suffix, the cached prefix it starts from, its sampler and logits processors), and
+every step gives one RowOutput per row (its new tokens, the log-probabilities they were sampled from, whether it
+ended). Each step runs the model inside the backend's attention routing (attention/routing.py). A batch that
+decodes several tokens per step, or attends to a shared prefix instead of copying it into each row
+(cascade_batch.py), implements the same calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, GenerationBatch
+
+from omlx_jobs.errors import FinishReason
+from omlx_jobs.worker.attention import routing
+from omlx_jobs.worker.attention.options import Routing
+from omlx_jobs.worker.backend.rows import Caches, RowOutput, RowSpec, StepLogits, Timings
+from omlx_jobs.worker.cache import kv
+from omlx_jobs.worker.cache.prefix_cache import Entry
+
+
+class BatchOwner(Protocol):
+    """What a decode batch reads of the backend that opens it (model.ModelBackend)."""
+
+    model: Any
+    eos: frozenset[int]
+    batch_size: int
+    prefill_batch_size: int
+    prefill_step: int
+    step_logits: StepLogits | None
+    routing: Routing
+
+
+class DecodeBatch:
+    """Continuous batching over mlx-lm's BatchGenerator, for one run: insert, step, remove, close."""
+
+    def __init__(self, backend: BatchOwner) -> None:
+        self.backend = backend
+        self._closing = contextlib.ExitStack()  # undone in reverse by close(), each step even if one fails
+        try:
+            gen = BatchGenerator(
+                backend.model,
+                stop_tokens=[[t] for t in sorted(backend.eos)],
+                completion_batch_size=backend.batch_size,
+                prefill_batch_size=backend.prefill_batch_size,
+                prefill_step_size=backend.prefill_step,
+            )
+            self._closing.callback(gen.close)
+            # mlx-lm copies each finished sequence's KV cache out to return it; nothing here uses it.
+            gen._generation_batch.extract_cache = lambda idx: None
+            if backend.step_logits is not None:  # the persistent batch every decode step runs in (mlx-lm 0.32.2)
+                gen._generation_batch.__class__ = _BatchStepGeneration
+                gen._generation_batch.step_logits = backend.step_logits
+            self._stats = self._closing.enter_context(gen.stats())
+        except BaseException:
+            self._closing.close()
+            raise
+        self._gen = gen
+        self._view: tuple[Entry, int, Caches] | None = None
+        self.timings = Timings()
+
+    def insert(self, rows: Sequence[RowSpec]) -> list[int]:
+        """Queue rows for prompt processing; returns their row ids (the ids of their RowOutputs)."""
+        return self._gen.insert(
+            [r.prompt for r in rows],
+            max_tokens=[r.max_tokens for r in rows],
+            caches=[self._row_caches(r) for r in rows],
+            all_tokens=[list(r.context) for r in rows],  # mlx-lm extends this list in place
+            samplers=[r.sampler for r in rows],
+            logits_processors=[r.processors for r in rows],
+        )
+
+    def step(self) -> list[RowOutput]:
+        """One step: a decode step for the generating rows, and a chunk of prompt processing for new ones.
+
+        A long prefill returns between chunks, so the caller can check for a stop request.
+        """
+        with routing.active(self.backend.routing):  # the model runs in here (decode and prompt processing)
+            _, responses = self._gen.next()
+        return [RowOutput(r.uid, [r.token], [r.logprobs], r.finish_reason) for r in responses]
+
+    def remove(self, rows: Sequence[int]) -> None:
+        """Stop rows early (a stop string ended them); rows already finished are ignored."""
+        self._gen.remove(list(rows))
+
+    def first_tokens(self, rows: Sequence[RowSpec]) -> list[RowOutput]:
+        """Sample each row's first token from its cached `logits`, all read back at once (row ids are -1).
+
+        One wait for the device per refill: one per request, while a decode step is in flight, cost more than it
+        saved on a GPU.
+        """
+        sampled, logprobs = [], []
+        for r in rows:
+            logits = r.logits
+            if r.processors:
+                context = mx.array(r.context)
+                for proc in r.processors:
+                    logits = proc(context, logits)
+            lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            sampled.append(r.sampler(lp) if r.sampler is not None else mx.argmax(lp, axis=-1))
+            logprobs.append(lp)
+        mx.eval(sampled)
+        out = []
+        for r, token, lp in zip(rows, sampled, logprobs, strict=True):
+            t = int(token.item())
+            finish = FinishReason.STOP if t in self.backend.eos else FinishReason.LENGTH if r.max_tokens == 1 else None
+            out.append(RowOutput(-1, [t], [lp[0]], finish))
+        return out
+
+    def close(self) -> Timings:
+        """Release the batch (every clean-up step runs, even if one fails) and return where its time went."""
+        self._view = None
+        try:
+            self._closing.close()
+        finally:
+            self.timings = Timings(self._stats.prompt_time, self._stats.decode_time)
+        return self.timings
+
+    def cache_nbytes(self) -> int:
+        """Bytes the batch's KV caches hold (rows waiting, in prompt processing and decoding)."""
+        return int(self._gen.prompt_cache_nbytes)
+
+    def _row_caches(self, row: RowSpec) -> Caches | None:
+        """A view of the row's prefix, reused across a group's consecutive admissions (they share one prefix)."""
+        prefix = row.prefix
+        if prefix is None:
+            return None
+        entry, length = prefix.entry, prefix.length
+        if self._view is None or self._view[0] is not entry or self._view[1] != length:
+            self._view = (entry, length, kv.view(entry.value, entry.tokens, length))
+        return self._view[2]
+
+
+class _BatchStepGeneration(GenerationBatch):  # type: ignore[misc]
+    """mlx-lm 0.32.2's GenerationBatch step, except that processors marked `batchable` (grammar masks, logit_bias)
+    are applied for the whole batch by one `step_logits` call after the per-row ones, the forward pass running
+    meanwhile. A row's first token is sampled by mlx-lm's own step, row by row, with the same processors."""
+
+    step_logits: StepLogits
+
+    def _step(self) -> tuple[list[int], list[mx.array]]:
+        self._current_tokens = self._next_tokens
+        self._current_logprobs = self._next_logprobs
+        inputs = self._current_tokens
+        logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
+        parts = [next((p for p in ps or () if getattr(p, "batchable", False)), None) for ps in self.logits_processors]
+        others = [
+            [p for p in ps or () if p is not part] for ps, part in zip(self.logits_processors, parts, strict=True)
+        ]
+        token_context = []
+        if any(others):  # row by row only where a row has a processor besides its batchable one
+            rows = []
+            for e in range(len(self.uids)):
+                row_logits = logits[e : e + 1]
+                if others[e]:  # as mlx-lm: only rows with (such) processors keep a context
+                    context = self._token_context[e].update_and_fetch(inputs[e : e + 1])
+                    token_context.append(context)
+                    for processor in others[e]:
+                        row_logits = processor(context, row_logits)
+                rows.append(row_logits)
+            logits = mx.concatenate(rows, axis=0)
+        if any(p is not None for p in parts):
+            mx.async_eval(logits)  # the forward pass runs while the masks are filled
+            logits = self.step_logits(logits, parts, inputs.tolist())
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        samplers = [self.fallback_sampler if s is None else s for s in (self.samplers or [None] * len(self.uids))]
+        if not samplers or all(s is samplers[0] for s in samplers):
+            sampled = (samplers[0] if samplers else self.fallback_sampler)(logprobs)
+        else:
+            sampled = mx.concatenate([s(logprobs[e : e + 1]) for e, s in enumerate(samplers)], axis=0)
+        self._next_tokens = sampled
+        self._next_logprobs = list(logprobs)
+        mx.async_eval(self._next_tokens, self._next_logprobs, token_context)
+        mx.eval(inputs, self._current_logprobs)
+        tokens = inputs.tolist()
+        for sti, ti in zip(self.tokens, tokens, strict=True):
+            sti.append(ti)
+        return tokens, self._current_logprobs

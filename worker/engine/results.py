@@ -1,0 +1,114 @@
+"""What the engine hands back: each request's result (or its failure) and the run's accounting. Pure: no MLX.
+
+`completion_row` is the one place where an engine result becomes a store row: a new output field is added to
+Choice or ItemResult here, to store/rows.py's CompletionRow (and its column in store/models.py), and mapped here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omlx_jobs.errors import ErrorCode
+from omlx_jobs.jobs.stored_logprobs import Entry, StoredLogprobs
+from omlx_jobs.store.rows import CompletionRow
+
+
+@dataclass
+class Choice:
+    """One of a request's n completions."""
+
+    text: str
+    finish_reason: str
+    completion_tokens: int
+    token_ids: list[int]
+    logprobs: list[Entry] | None = None
+    """Its tokens' logprobs in their stored entry form (jobs/stored_logprobs.py), when asked for."""
+    prompt_logprobs: list[Entry] | None = None
+    """echo with logprobs: the prompt's entries (the same for every choice)."""
+
+
+@dataclass(frozen=True)
+class RequestFailure:
+    """Why one request failed on its own (its neighbours are not charged): stored as its error code and message."""
+
+    code: ErrorCode
+    message: str
+
+
+@dataclass
+class ItemResult:
+    """A finished request: its choices in order, or the failure that ended it."""
+
+    key: Any
+    choices: list[Choice]
+    prompt_tokens: int
+    cached_tokens: int
+    started_at: float
+    finished_at: float
+    error: RequestFailure | None = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.completion_tokens for c in self.choices)
+
+
+def completion_row(result: ItemResult) -> CompletionRow:
+    """The store row of a completed request (see the module docstring)."""
+    if result.error is not None or not result.choices:
+        raise ValueError(f"request {result.key!r} did not complete; store its failure instead")
+    first, *more = result.choices
+    return CompletionRow(
+        id=result.key,
+        output_text=first.text,
+        finish_reason=first.finish_reason,
+        prompt_tokens=result.prompt_tokens,
+        cached_tokens=result.cached_tokens,
+        completion_tokens=result.completion_tokens,
+        more_choices=[{"text": c.text, "finish_reason": c.finish_reason} for c in more] or None,
+        logprobs=_stored_logprobs(result.choices),
+        started_at=result.started_at,
+    )
+
+
+def _stored_logprobs(choices: list[Choice]) -> dict[str, Any] | None:
+    """The logprobs column (jobs/stored_logprobs.py's form), or None when none were asked for."""
+    if all(c.logprobs is None for c in choices):
+        return None
+    return StoredLogprobs([c.logprobs or [] for c in choices], choices[0].prompt_logprobs).to_json()
+
+
+@dataclass(frozen=True)
+class PlanTotals:
+    """The prompt tokens of one planned page: all of them, and the distinct ones (the trie minimum)."""
+
+    prompt_tokens: int
+    trie_min_tokens: int
+
+
+@dataclass
+class RunStats:
+    prompt_tokens: int = 0
+    trie_min_tokens: int = 0
+    prefill_tokens: int = 0
+    """Prompt tokens actually run through the model: warm-ups plus every uncached suffix."""
+    warmup_tokens: int = 0
+    warmups: int = 0
+    warmup_seconds: float = 0.0
+    first_token_reuses: int = 0
+    disk_hits: int = 0
+    generation_tokens: int = 0
+    prefill_seconds: float = 0.0
+    """Time in the backend's prompt processing (uncached suffixes, including merging cached prefixes)."""
+    decode_seconds: float = 0.0
+    seconds: float = 0.0
+    unfinished: list[Any] = field(default_factory=list)
+    """Keys of the items read from the input that have no result (the run was stopped)."""
+    input_exhausted: bool = True
+    """False when the run stopped before reading all of its input (items never read are not in `unfinished`)."""
+    peak_live_items: int = 0
+    """Most items held at once between admission and their result: bounded by the batch, not the shard."""
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_evictions: int = 0
+    """Prefix-cache lookups and evictions during this run (the cache itself lives across runs)."""

@@ -1,0 +1,253 @@
+"""Vision-language models through mlx-vlm: recognise, load, build image prompts, run the vision encoder.
+
+Design (issue 11). Two ways to batch image requests were studied:
+
+- mlx-vlm 0.7.10's own batch path (`mlx_vlm.generate.ar.BatchGenerator`, 3,600 lines): it batches image rows
+  with its own caches, samplers, prefix cache (APC) and per-row mRoPE deltas. Checked on a tiny qwen2_vl
+  (tests/test_vision.py): left-padded rows of different lengths and image sizes, a row joining mid-decode and a
+  text row beside image rows all decode at the same positions, with the same greedy tokens, as single-request
+  `mlx_vlm.generate`. The "one position off" the issue suspected does not reproduce on 0.7.10.
+- oMLX's seed design, chosen here: run the vision encoder once per distinct image (cached by pixel hash),
+  build the prompt's input embeddings, prefill them through mlx-vlm's language model into mlx-lm KV caches
+  (worker/vision/prefill.py), then insert those caches into mlx-lm's BatchGenerator and decode with token
+  ids through mlx-lm's own text model for the family, built on the same weight arrays (no copy).
+
+Why: image rows then live in the one engine we already plan and measure: continuous batching with text rows,
+the prefix trie and warm-ups (an image's key is its pixel hash), the CUDA ragged decode kernel, logits
+processors, stop handling, the disk tier (vision/backend.py wires it).
+mlx-vlm's generator would be a second engine beside it, with its own prefix cache and no way to take our
+planned caches; and we depend only on mlx-vlm's model classes and processors, not on its fast-moving generate
+module (the serial fallback aside).
+
+Position state: Qwen2-VL's mRoPE gives image tokens 2-D positions, so after an image, a token's rotary
+position is its index plus a per-request `rope_delta` (<= 0). mlx-vlm keeps that delta on the model object.
+Here it belongs to the request: the prefill returns it, the row's caches carry it (PositionedKVCache, as the
+delta after each image, so a cached prefix of any length knows its own), and when BatchGenerator merges caches
+the delta is added to that row's offset, which mlx-lm's text model uses only as its RoPE position (masks use
+the padding). Every later filter/extend keeps it. For text tokens all
+three mRoPE sections hold the same position, so mlx-lm's 1-D RoPE is exact for decoding.
+
+Families: BATCHED lists the families whose prompts we build and whose decode runs in mlx-lm's
+BatchGenerator: qwen2_vl and qwen2_5_vl, both tested on tiny fixtures (tests/tiny_vlm.py). Other families need
+their own glue here (how the vision tower is called, positions, mlx-lm's twin); until then every other vision
+model mlx-vlm loads runs one request at a time on mlx-vlm's own generation loop (worker/vision/serial.py).
+A quantized checkpoint's twin is quantized like the source (untested here).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from omlx_jobs.errors import ErrorCode
+from omlx_jobs.jobs.images import ImageAccess
+from omlx_jobs.jobs.parts import image_urls
+from omlx_jobs.worker.cache.positioned import PositionedKVCache
+from omlx_jobs.worker.prompts import ImageError, PromptError
+from omlx_jobs.worker.vision.feature_cache import FeatureCache
+from omlx_jobs.worker.vision.images import DEFAULT_LIMITS, DecodedImage, ImageLimits, load_image
+from omlx_jobs.worker.vision.prompt import ImageSpan, VisionPrompt, expand_image_tokens
+
+# model_type -> the mlx-lm text model that decodes it with token ids (mlx-lm strips the vision tower).
+BATCHED = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl"}
+MROPE = frozenset({"qwen2_vl", "qwen2_5_vl"})
+
+
+def vision_model_type(config: dict[str, Any]) -> str | None:
+    """The model type if `config` describes a vision-language model mlx-vlm can load, else None (text-only)."""
+    model_type = str(config.get("model_type") or "").lower()
+    if not model_type or not isinstance(config.get("vision_config"), dict):
+        return None
+    spec = importlib.util.find_spec("mlx_vlm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    models = Path(next(iter(spec.submodule_search_locations))) / "models"
+    return model_type if (models / model_type).is_dir() else None
+
+
+def is_batched(model_type: str) -> bool:
+    """Whether image requests of this family decode in mlx-lm's BatchGenerator (else: one at a time)."""
+    return model_type in BATCHED
+
+
+@dataclass
+class ImageFeatures:
+    """The vision encoder's output for one image: features in the text model's space, and the patch grid."""
+
+    features: Any  # mx.array (image tokens, hidden)
+    grid: Any  # mx.array (1, 3): temporal, height, width patches
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.features.nbytes) + int(self.grid.nbytes)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.features.shape[0])
+
+
+class VisionModel:
+    """An mlx-vlm model and processor, with what the engine needs: image prompts, features and a decode twin."""
+
+    def __init__(self, path: Path, model: Any, processor: Any, config: dict[str, Any]) -> None:
+        self.path = path
+        self.model = model
+        self.processor = processor
+        self.config = config
+        self.model_type = str(config["model_type"]).lower()
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+        token = getattr(model.config, "image_token_id", None) or config.get("image_token_id")
+        self.image_token_id = int(token) if token is not None else -1  # -1: placed by the processor (serial)
+        self.features: FeatureCache[ImageFeatures] = FeatureCache()
+        self.batched = is_batched(self.model_type)
+        """Whether the engine decodes it in BatchGenerator; False runs it on serial.py (tests force it)."""
+        self._decode_model: Any = None
+
+    @classmethod
+    def load(cls, path: str | Path) -> VisionModel:
+        """Load a local model directory with mlx-vlm (offline: nothing is fetched from the Hub)."""
+        path = Path(path)
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the processor falls back to the Hub for missing files
+        from mlx_vlm.utils import load  # mlx-vlm is optional (the [vision] extra): imported when a model needs it
+
+        model, processor = load(str(path))
+        config = json.loads((path / "config.json").read_text())
+        return cls(path, model, processor, config)
+
+    @classmethod
+    def with_weights(cls, path: str | Path, model: Any) -> VisionModel:
+        """A model built in memory (random weights for benchmarks) with the processor files in `path`."""
+        path = Path(path)
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from mlx_vlm.utils import load_processor  # optional dependency, as in `load`
+
+        config = json.loads((path / "config.json").read_text())
+        return cls(path, model, load_processor(path, eos_token_ids=config.get("eos_token_id")), config)
+
+    @property
+    def mrope(self) -> bool:
+        return self.model_type in MROPE
+
+    # ---- images ------------------------------------------------------------------------------------
+
+    def image_tokens(self, image: DecodedImage) -> int:
+        """How many prompt tokens this image becomes, from its size alone (no pixels processed)."""
+        proc = self.processor.image_processor
+        return int(proc.num_image_tokens(image.height, image.width))
+
+    def image_grid(self, image: DecodedImage) -> Any:
+        """(1, 3) patch grid (temporal, height, width) the processor gives this image, from its size alone."""
+        proc = self.processor.image_processor
+        height, width = proc._resolved_size(image.height, image.width)  # the sizing num_image_tokens uses
+        return mx.array([[1, height // proc.patch_size, width // proc.patch_size]])
+
+    def image_features(self, image: DecodedImage) -> ImageFeatures:
+        """The image's features, from the feature cache or by running the vision encoder once."""
+        return self.features.get_or_compute(image.digest, lambda: self.encode(image))
+
+    def encode(self, image: DecodedImage) -> ImageFeatures:
+        """Preprocess and run the vision tower on one image (no cache)."""
+        out = self.processor.image_processor(images=[image.pixels])
+        pixels = mx.array(out["pixel_values"])
+        grid = mx.array(out["image_grid_thw"]).reshape(1, 3)
+        dtype = self.model.vision_tower.patch_embed.proj.weight.dtype
+        features = self.model.vision_tower(pixels.astype(dtype), grid, output_hidden_states=False)
+        mx.eval(features)
+        return ImageFeatures(features, grid)
+
+    # ---- prompts -----------------------------------------------------------------------------------
+
+    def build_prompt(self, messages: Sequence[dict[str, Any]], images: Sequence[DecodedImage]) -> VisionPrompt:
+        """Chat template over the messages (image parts in place), each image expanded to its image tokens.
+
+        `images` are the decoded image parts in prompt order (jobs/parts.image_urls).
+        """
+        ids = list(self.tokenizer(template_text(self, messages))["input_ids"])
+        counts = [self.image_tokens(im) for im in images]
+        try:
+            tokens, starts = expand_image_tokens(ids, self.image_token_id, counts)
+        except ValueError as exc:
+            message = f"{exc}; the text must not hold the model's image token"
+            raise ImageError(ErrorCode.INVALID_IMAGE, message) from None
+        spans = tuple(ImageSpan(s, n, im.digest) for s, n, im in zip(starts, counts, images, strict=True))
+        return VisionPrompt(tuple(tokens), spans, {"images": tuple(images)})
+
+    def prepare(
+        self, messages: Sequence[dict[str, Any]], access: ImageAccess, limits: ImageLimits = DEFAULT_LIMITS
+    ) -> VisionPrompt:
+        """A stored chat body's prompt: every image fetched (checked against this worker's `access`), decoded
+        with `limits`, and placed. Raises ImageError or PromptError: the request fails alone."""
+        pics = [load_image(url, access, limits) for _, _, url in image_urls(list(messages))]
+        return self.build_prompt(messages, pics)
+
+    # ---- decoding ----------------------------------------------------------------------------------
+
+    def decode_model(self) -> Any:
+        """mlx-lm's text model for this family, sharing this model's language weights (built once).
+
+        It is what BatchGenerator runs: token ids in, logits out, 1-D RoPE at each row's cache offset.
+        """
+        if self._decode_model is None:
+            if self.model_type not in BATCHED:
+                raise ValueError(f"{self.model_type} is not decoded in mlx-lm's BatchGenerator; run it unbatched")
+            self._decode_model = _twin(self.model.language_model, self.config, BATCHED[self.model_type])
+        return self._decode_model
+
+
+def template_text(vm: VisionModel, messages: Sequence[dict[str, Any]]) -> str:
+    """The processor's chat template over the messages, one image placeholder per image part."""
+    template_messages, cont = _template_messages(messages)
+    try:
+        return vm.processor.apply_chat_template(
+            template_messages, add_generation_prompt=not cont, continue_final_message=cont, tokenize=False
+        )
+    except Exception as exc:  # jinja raises for roles or orders a template does not support
+        raise PromptError(ErrorCode.CHAT_TEMPLATE_ERROR, f"the chat template rejected these messages: {exc}") from exc
+
+
+def _template_messages(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+    """Messages for the processor's chat template: image_url parts become {"type": "image"}."""
+    out = []
+    for msg in messages:
+        content = msg["content"]
+        if isinstance(content, list):
+            content = [{"type": "image"} if p["type"] == "image_url" else p for p in content]
+        else:
+            content = [{"type": "text", "text": content}]
+        out.append({"role": msg["role"], "content": content})
+    return out, messages[-1]["role"] == "assistant"
+
+
+def _twin(language_model: Any, config: dict[str, Any], mlx_lm_type: str) -> Any:
+    """Build mlx-lm's model for `mlx_lm_type` and point its parameters at `language_model`'s arrays."""
+    arch = importlib.import_module(f"mlx_lm.models.{mlx_lm_type}")
+    model = arch.Model(arch.ModelArgs.from_dict(config))
+    source = dict(tree_flatten(language_model.parameters()))
+    quantized = {k.rsplit(".", 1)[0] for k in source if k.endswith(".scales")}
+    if quantized:  # quantize the same layers the same way before sharing the arrays
+        q = config.get("quantization") or config.get("quantization_config") or {}
+        nn.quantize(
+            model,
+            group_size=q.get("group_size", 64),
+            bits=q.get("bits", 4),
+            class_predicate=lambda p, m: p.removeprefix("language_model.") in quantized,
+        )
+    wanted = {k for k, _ in tree_flatten(model.parameters())}
+    shared = [(f"language_model.{k}", v) for k, v in source.items()]
+    missing = wanted - {k for k, _ in shared}
+    if missing:
+        raise ValueError(f"mlx-lm's {mlx_lm_type} model has parameters the vision model lacks: {sorted(missing)[:3]}")
+    model.update(tree_unflatten([(k, v) for k, v in shared if k in wanted]))
+    layers = len(model.layers)
+    model.make_cache = lambda: [PositionedKVCache() for _ in range(layers)]
+    return model

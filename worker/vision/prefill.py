@@ -1,0 +1,221 @@
+"""Prefill an image prompt from its input embeddings into mlx-lm KV caches, ready for BatchGenerator.
+
+prefill() embeds the prompt (text tokens through the embedding table, image tokens from the vision features),
+runs it through mlx-vlm's language model at the family's true positions (mRoPE for Qwen2-VL), and returns the
+caches, the logits asked for and the request's RoPE delta. It can continue from caches that already hold a
+prefix (`start` tokens) and stop before the end (`end`): images wholly outside [start, end) are not encoded.
+
+The caches are mlx-lm's KVCache class, so kv views, the prefix cache and BatchGenerator take them as they are.
+cache/positioned.PositionedKVCache adds the one per-request state decoding needs: the RoPE delta after each
+image, which BatchGenerator's merge turns into that row's position offset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from omlx_jobs.worker.cache.positioned import PositionedKVCache, positioned
+from omlx_jobs.worker.vision.model import ImageFeatures, VisionModel
+from omlx_jobs.worker.vision.prompt import VisionPrompt
+
+DEFAULT_PREFILL_STEP = 2048
+
+
+@dataclass
+class Prefilled:
+    """A prompt run through the model: caches holding it up to `end`, the logits wanted, and the RoPE delta."""
+
+    caches: list[PositionedKVCache]
+    logits: mx.array  # (vocab,): after the last token computed
+    rope_delta: int
+    computed: int
+    """Prompt tokens computed here (the rest were in the caches given)."""
+    picked: dict[int, mx.array] = field(default_factory=dict)
+    """Logits (1, vocab) after each position asked for in `want` (0-based from `start`)."""
+
+
+def prefill(
+    vm: VisionModel,
+    prompt: VisionPrompt,
+    *,
+    caches: list[Any] | None = None,
+    start: int = 0,
+    end: int | None = None,
+    want: set[int] | frozenset[int] = frozenset(),
+    step: int = DEFAULT_PREFILL_STEP,
+) -> Prefilled:
+    """Run prompt.tokens[start:end] from embeddings on top of `caches` (which hold the first `start` tokens)."""
+    n = len(prompt) if end is None else end
+    if not 0 <= start < n <= len(prompt):
+        raise ValueError(f"need 0 <= start < end <= {len(prompt)}, got {start}, {n}")
+    lm = vm.model.language_model
+    if caches is None:
+        if start:
+            raise ValueError("start > 0 needs the caches that hold those tokens")
+        caches = [KVCache() for _ in lm.model.layers]
+    elif caches[0].offset != start:
+        raise ValueError(f"the caches hold {caches[0].offset} tokens, not start={start}")
+    images = prompt.extra.get("images", ())
+    features = [
+        vm.image_features(im) if span.end > start and span.start < n else None
+        for span, im in zip(prompt.spans, images, strict=True)
+    ]
+    ids = mx.array([prompt.tokens])
+    positions, delta = rope_positions(vm, prompt, features)
+    embeds = input_embeddings(vm, prompt, features, start, n)
+    picked: dict[int, mx.array] = {}
+    want = set(want) | {n - 1 - start}
+    for a in range(start, n, step):
+        b = min(a + step, n)
+        pos = positions[..., a:b] if positions is not None else None
+        hidden = lm.model(ids[:, a:b], inputs_embeds=embeds[:, a - start : b - start], cache=caches, position_ids=pos)
+        rows = [j for j in sorted(want) if a <= j + start < b]
+        if rows:
+            h = mx.stack([hidden[0, j + start - a] for j in rows])
+            out = lm.model.embed_tokens.as_linear(h) if lm.args.tie_word_embeddings else lm.lm_head(h)
+            picked.update({j: out[k : k + 1] for k, j in enumerate(rows)})
+        mx.eval([c.state for c in caches], list(picked.values()))
+    logits = picked[n - 1 - start][0]
+    breaks = rope_breaks(prompt, positions, n)
+    return Prefilled(positioned(caches, breaks), logits, delta, n - start, picked)
+
+
+def prefill_rows(
+    vm: VisionModel,
+    prompts: list[VisionPrompt],
+    bases: list[list[Any] | None],
+    ends: list[int],
+    wants: list[set[int]],
+    *,
+    step: int = DEFAULT_PREFILL_STEP,
+) -> list[Prefilled]:
+    """prefill() for several prompts in one batch: each runs tokens[start:end] on its base caches, all bases of
+    the same length `start`. Shorter rows are right-padded: attention is causal, so a row never sees its
+    padding, and its caches are cut at its end."""
+    starts = {b[0].offset if b else 0 for b in bases}
+    if len(starts) != 1:
+        raise ValueError(f"batched rows need bases of one length, got {sorted(starts)}")
+    start = starts.pop()
+    lm = vm.model.language_model
+    width = max(ends) - start
+    inputs = [_row_inputs(vm, prompt, start, end, width) for prompt, end in zip(prompts, ends, strict=True)]
+    embeds = [e for e, _, _, _ in inputs]
+    positions = [p for _, p, _, _ in inputs if p is not None]
+    pos_all = mx.concatenate(positions, axis=1) if len(positions) == len(prompts) else None
+    emb = mx.concatenate(embeds, axis=0)
+    batch = _stack_caches(bases, len(lm.model.layers), start)
+    ids = mx.zeros((len(prompts), width), dtype=mx.int32)
+    picked: list[dict[int, mx.array]] = [{} for _ in prompts]
+    wants = [set(w) | {e - 1 - start} for w, e in zip(wants, ends, strict=True)]
+    for a in range(0, width, step):
+        b = min(a + step, width)
+        pos = pos_all[..., a:b] if pos_all is not None else None
+        hidden = lm.model(ids[:, a:b], inputs_embeds=emb[:, a:b], cache=batch, position_ids=pos)
+        picks = [(i, j) for i, w in enumerate(wants) for j in sorted(w) if a <= j < b]
+        if picks:
+            h = mx.stack([hidden[i, j - a] for i, j in picks])
+            out = lm.model.embed_tokens.as_linear(h) if lm.args.tie_word_embeddings else lm.lm_head(h)
+            for k, (i, j) in enumerate(picks):
+                picked[i][j] = out[k : k + 1]
+        mx.eval([c.state for c in batch], [v for d in picked for v in d.values()])
+    out_rows = []
+    for i, (prompt, end) in enumerate(zip(prompts, ends, strict=True)):
+        caches = []
+        for c in batch:
+            k = KVCache()
+            k.keys, k.values, k.offset = c.keys[i : i + 1, :, :end], c.values[i : i + 1, :, :end], end
+            caches.append(k)
+        _, _, full, delta = inputs[i]
+        breaks = rope_breaks(prompt, full, end)
+        last = picked[i][end - 1 - start][0]
+        out_rows.append(Prefilled(positioned(caches, breaks), last, delta, end - start, picked[i]))
+    return out_rows
+
+
+def _row_inputs(
+    vm: VisionModel, prompt: VisionPrompt, start: int, end: int, width: int
+) -> tuple[mx.array, mx.array | None, mx.array | None, int]:
+    """One batched row's embeddings for [start, end), right-padded to `width`; its positions there (padding
+    positions run on from the row's last one); its positions over the whole prompt; its RoPE delta."""
+    images = prompt.extra.get("images", ())
+    feats = [
+        vm.image_features(im) if s.end > start and s.start < end else None
+        for s, im in zip(prompt.spans, images, strict=True)
+    ]
+    pos, delta = rope_positions(vm, prompt, feats)
+    e = input_embeddings(vm, prompt, feats, start, end)
+    e = mx.pad(e, [(0, 0), (0, width - e.shape[1]), (0, 0)])
+    cut = None
+    if pos is not None:
+        cut = pos[..., start:end]
+        if start + width > end:
+            cut = mx.concatenate([cut, cut[..., -1:] + mx.arange(1, start + width - end + 1)], axis=-1)
+    return e, cut, pos, delta
+
+
+def _stack_caches(bases: list[list[Any] | None], layers: int, start: int) -> list[KVCache]:
+    """One KVCache per layer holding every base along the batch axis (empty ones when start is 0)."""
+    out = []
+    for layer in range(layers):
+        c = KVCache()
+        if start:
+            keys = [b[layer].keys[..., :start, :] for b in bases if b is not None]
+            values = [b[layer].values[..., :start, :] for b in bases if b is not None]
+            c.keys, c.values = mx.concatenate(keys, axis=0), mx.concatenate(values, axis=0)
+            c.offset = start
+        out.append(c)
+    return out
+
+
+def rope_breaks(prompt: VisionPrompt, positions: mx.array | None, end: int) -> tuple[tuple[int, int], ...]:
+    """(position, delta) after each image that ends before `end`: where text starts running behind its index."""
+    if positions is None:
+        return ()
+    row = positions[0, 0]
+    ends = [s.end for s in prompt.spans if s.end < len(prompt) and s.end <= end]
+    values = row[mx.array(ends)].tolist() if ends else []
+    return tuple((e, int(v) - e) for e, v in zip(ends, values, strict=True))
+
+
+def input_embeddings(
+    vm: VisionModel, prompt: VisionPrompt, features: list[ImageFeatures | None], start: int = 0, end: int | None = None
+) -> mx.array:
+    """(1, end - start, hidden): token embeddings, with each image's features at its image positions."""
+    embed = vm.model.language_model.model.embed_tokens
+    dtype = vm.model.language_model.model.norm.weight.dtype  # not embed's: a quantized table's weight is packed
+    end = len(prompt) if end is None else end
+    pieces = []
+    pos = start
+    for span, feat in zip(prompt.spans, features, strict=True):
+        if span.end <= start:
+            continue
+        if span.start >= end:
+            break
+        if span.start > pos:
+            pieces.append(embed(mx.array(prompt.tokens[pos : span.start])))
+        if feat is None or feat.tokens != span.length:
+            raise ValueError(f"image at {span.start} has {span.length} tokens but no features of that size")
+        lo, hi = max(pos, span.start), min(span.end, end)
+        pieces.append(feat.features[lo - span.start : hi - span.start].astype(dtype))
+        pos = hi
+    if pos < end:
+        pieces.append(embed(mx.array(prompt.tokens[pos:end])))
+    return mx.concatenate(pieces, axis=0)[None]
+
+
+def rope_positions(
+    vm: VisionModel, prompt: VisionPrompt, features: list[ImageFeatures | None]
+) -> tuple[mx.array | None, int]:
+    """The family's position ids for the whole prompt and the RoPE delta after it (None, 0 for 1-D RoPE)."""
+    if not vm.mrope or not prompt.spans:
+        return None, 0  # text positions: the model counts them from the cache offset
+    images = prompt.extra.get("images", ())
+    grids = [f.grid if f is not None else vm.image_grid(im) for f, im in zip(features, images, strict=True)]
+    ids = mx.array([prompt.tokens])
+    grid = mx.concatenate(grids, axis=0) if grids else None
+    positions, deltas = vm.model.language_model.get_rope_index(ids, grid)
+    return positions, int(mx.array(deltas).reshape(-1)[0].item())
