@@ -20,6 +20,7 @@ from omlx_jobs.store.models import Job, Request, RequestStatus, ShardRun
 class JobInfo:
     id: str
     model: str
+    model_name: str | None
     queue: str | None
     input_file: str | None
     status: str
@@ -75,12 +76,14 @@ class JobStore:
         input_file: str | None = None,
         options: dict[str, Any] | None = None,
         status: str = "validating",
+        model_name: str | None = None,
     ) -> None:
         with self.engine.begin() as conn:
             conn.execute(
                 insert(Job).values(
                     id=job_id,
                     model=model,
+                    model_name=model_name,
                     queue=queue,
                     input_file=input_file,
                     status=status,
