@@ -56,10 +56,12 @@ def submit(
     on_progress: Callable[[int], None] | None = None,
     images: ImageAccess = NO_FILES,
     job_id: str | None = None,
+    model_name: str | None = None,
 ) -> Submitted:
     """Validate and store the file in prefix order, cut it into shards and enqueue them on the queue of
     `priority`. Redis is checked first, so a down Redis leaves no job behind; if it fails midway, the job
-    stays 'validating' and `resume` enqueues it."""
+    stays 'validating' and `resume` enqueues it. `model_name`: the model's short name (`--model-name`, an
+    API alias); by default the model's stem (jobs/model_names.py)."""
     qname = with_priority(queue, priority) if queue else queue_name(model, priority)
     try:
         redis.ping()
@@ -78,6 +80,7 @@ def submit(
         on_progress=on_progress,
         images=images,
         job_id=job_id,
+        model_name=model_name if model_name != model else None,
     )
     if loaded.rejected:
         return Submitted(loaded, qname, [])

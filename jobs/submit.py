@@ -15,6 +15,7 @@ from omlx_jobs.errors import ErrorCode, OmlxError
 from omlx_jobs.jobs import lifecycle
 from omlx_jobs.jobs.formats import NO_FILES, InputError, parse_stream
 from omlx_jobs.jobs.images import ImageAccess
+from omlx_jobs.jobs.model_names import display_name
 from omlx_jobs.jobs.sharding import DEFAULT_SHARD_SIZE, cut_shards, request_key
 from omlx_jobs.store import RequestStatus, Store
 from omlx_jobs.store.shards import END_KEY, ShardCut
@@ -101,11 +102,13 @@ def load_job(
     options: dict[str, Any] | None = None,
     on_progress: Callable[[int], None] | None = None,
     images: ImageAccess = NO_FILES,
+    model_name: str | None = None,
 ) -> LoadResult:
     """Create a job and its request rows from a JSONL stream, in prefix order, cut into shards; never holds
     the whole file in memory (the database sorts the keys).
 
-    `images` says where images in messages may come from (data: URIs only by default).
+    `images` says where images in messages may come from (data: URIs only by default); `model_name` is the
+    model's short name (default: derived from `model`, jobs/model_names.py).
 
     With bad lines and no `skip_invalid`, the job is marked failed with the errors and keeps no requests.
     If loading stops midway (Ctrl-C, a signal, an error), the job is removed again: none is left half-made.
@@ -116,7 +119,8 @@ def load_job(
     stream = open(source, "rb") if isinstance(source, Path) else source  # noqa: SIM115
     try:
         opts = {"skip_invalid": skip_invalid, **(options or {})}
-        store.create_job(job_id, model, queue=queue, input_file=name, options=opts)
+        short = display_name(model, model_name)
+        store.create_job(job_id, model, queue=queue, input_file=name, options=opts, model_name=short)
         try:
             result = _load_rows(store, stream, job_id, skip_invalid, on_progress, images)
             if not result.rejected:

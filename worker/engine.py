@@ -29,7 +29,7 @@ from omlx_jobs.worker.disk_cache import DiskCache
 from omlx_jobs.worker.model import LoadedModel, PromptError
 from omlx_jobs.worker.outputs import Outputs, engine_eos
 from omlx_jobs.worker.prefix_cache import PrefixCache
-from omlx_jobs.worker.results import Choice, ItemResult, PlanTotals, RequestFailure, RunStats
+from omlx_jobs.worker.results import Choice, ItemResult, PlanTotals, RequestFailure, RunStats, TokenCounters
 from omlx_jobs.worker.sampling import SamplerFactory
 from omlx_jobs.worker.scheduler import Admission, Scheduler
 from omlx_jobs.worker.sequence import Collector, SequenceState, WorkItem
@@ -128,7 +128,7 @@ class Engine:
         self.warmups = WarmUps(
             self.backend, self.cache, self.disk, batch_size=cfg.prefill_batch_size, min_tokens=cfg.min_shared_tokens
         )
-        self.samplers = SamplerFactory()
+        self.samplers, self.live = SamplerFactory(), TokenCounters()  # live: read by status and heartbeats
         self.window = cfg.completion_batch_size + cfg.prefill_batch_size
         """Rows in flight at most: the decode batch plus one prefill batch."""
 
@@ -212,6 +212,7 @@ class Engine:
     def _loop(self, run: _Run) -> None:
         """Schedule -> step -> collect, until the work is done or control says stop."""
         while True:
+            self.live.observe(run.stats, self.warmups.stats.tokens, len(run.collector))
             mode = run.control()
             if mode in (Control.STOP, Control.CANCEL):
                 return
