@@ -12,10 +12,10 @@ from omlx_jobs.api.errors import BadRequest, NotFound, Unavailable
 from omlx_jobs.api.ids import BATCH_PREFIX, is_job_id, new_id
 from omlx_jobs.api.models import resolve_model
 from omlx_jobs.api.state import AppState
-from omlx_jobs.api.workers import served_models
 from omlx_jobs.jobs import actions, lifecycle
 from omlx_jobs.jobs.formats import ENDPOINTS
 from omlx_jobs.jobs.queue import RedisUnavailable, cancel_queued
+from omlx_jobs.jobs.workers import served_models
 from omlx_jobs.store.batches import BatchInfo
 from omlx_jobs.store.db import JobCounts, JobInfo
 from omlx_jobs.store.errors import JobNotFound
@@ -113,6 +113,8 @@ def settle(state: AppState, job_id: str) -> None:
 def list_batches(state: AppState, *, after: str | None, limit: int) -> dict[str, Any]:
     if not 1 <= limit <= BATCHES_PAGE_MAX:
         raise BadRequest(f"limit must be between 1 and {BATCHES_PAGE_MAX}, got {limit}", param="limit")
+    if after is not None and (not is_job_id(after) or state.batches.get(after) is None):
+        raise BadRequest(f"after={after!r} is no batch here: pass the last id of the previous page", param="after")
     rows = state.batches.page(after=after, limit=limit + 1)
     data = [retrieve(state, b.job_id) for b in rows[:limit]]
     return files_api.page_object(data, has_more=len(rows) > limit)
@@ -195,12 +197,15 @@ def create(state: AppState, body: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:
         raise Unavailable(f"Redis is unreachable ({exc}); nothing was created. Try again once Redis is up") from exc
     name, served = resolve_model(scan.get("models") or {}, state.config.models, live)
+    served = live.get(served, served)  # a worker's short name: the model it serves
 
     now = state.now()
     job_id = new_id(BATCH_PREFIX)
     path = files_api.path_of(state, file_id)
     try:
-        actions.submit(state.store, redis, path, served, job_id=job_id, shard_size=state.config.shard_size)
+        actions.submit(
+            state.store, redis, path, served, job_id=job_id, shard_size=state.config.shard_size, model_name=name
+        )
     except FileNotFoundError:
         raise NotFound(f"file {file_id} was deleted while the batch was created", param="input_file_id") from None
     except RedisUnavailable as exc:
