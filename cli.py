@@ -141,9 +141,13 @@ def _image_access(kw: dict[str, Any]) -> Any:
         raise click.BadParameter(str(exc)) from None
 
 
+MODEL_NAME_HELP = "The model's short name in lists, the page and /metrics (default: its folder's or GGUF file's stem)."
+
+
 def engine_options(fn: Any) -> Any:
     opts = [
         click.option("--model", "-m", required=True, help="Model directory, Hugging Face id, or gguf:FILE.gguf."),
+        click.option("--model-name", help=MODEL_NAME_HELP),
         click.option(
             "--batch-size",
             default=defaults.BATCH_SIZE,
@@ -245,6 +249,7 @@ def _print_rejection(load: Any) -> None:
 @cli.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--model", "-m", required=True, help="The model a worker serves (same string as `worker --model`).")
+@click.option("--model-name", help=MODEL_NAME_HELP)
 @click.option("--queue", help="Queue name (default omlx:<model>).")
 @click.option("--skip-invalid", is_flag=True, help="Run the valid lines; record bad ones as failed requests.")
 @click.option("--wait", is_flag=True, help="Show a progress bar until the job finishes.")
@@ -273,6 +278,7 @@ def _print_rejection(load: Any) -> None:
 def submit(
     file: Path,
     model: str,
+    model_name: str | None,
     queue: str | None,
     skip_invalid: bool,
     wait: bool,
@@ -305,6 +311,7 @@ def submit(
                 shard_size=shard_size,
                 shard_timeout=shard_timeout,
                 images=images,
+                model_name=model_name,
             )
     except KeyboardInterrupt:
         _fail("submit interrupted; nothing was queued and no job was kept", code=130)
@@ -370,44 +377,9 @@ def _wait(store: Any, job_id: str) -> None:
 
 
 def _fmt_status(s: dict[str, Any]) -> str:
-    rc = s["request_counts"]
-    u = s["usage"]
-    t = s["throughput"]
-    p = s["prefix"]
-    lines = [
-        f"job        {s['id']}",
-        f"model      {s['model']}",
-        f"status     {s['status']}",
-        f"requests   {rc['completed']} completed, {rc['failed']} failed, {rc['cancelled']} cancelled, "
-        f"{rc['pending']} pending / {rc['total']} total ({s['progress']:.0%})",
-        f"tokens     prompt {u['prompt_tokens']} (cached {u['prompt_tokens_details']['cached_tokens']}), "
-        f"completion {u['completion_tokens']}",
-        f"throughput {t['completion_tokens_per_second']} tok/s, {t['requests_per_second']} req/s "
-        f"over {t['elapsed_seconds']}s",
-    ]
-    if s["eta_seconds"] is not None:
-        lines.append(f"eta        {s['eta_seconds']:.0f}s")
-    if p["trie_min_tokens"]:
-        lines.append(
-            f"prefix     computed {p['prefill_tokens_computed']} / minimum {p['trie_min_tokens']} prompt tokens "
-            f"= {p['efficiency']}x; cache hits {p['cache_hits']}, misses {p['cache_misses']}, "
-            f"evictions {p['cache_evictions']}, peak {p['cache_peak_bytes'] / 1e6:.1f} MB"
-        )
-    if s["errors"]:
-        lines.append(
-            f"errors     {len(s['errors'])} input error(s), first: line {s['errors'][0]['line']}: "
-            f"{s['errors'][0]['message']}"
-        )
-    if s.get("priority", "normal") != "normal":
-        lines.append(f"priority   {s['priority']}")
-    for w in s.get("workers") or []:
-        lines.append(f"worker     {w['worker']}: {w['completed']} completed, {w['failed']} failed ({w['model']})")
-    live = s.get("live_workers")
-    if live == 0 and s["status"] not in ("completed", "failed", "cancelled"):
-        lines.append(
-            f"waiting    no live worker serves {s['queue']}: start one with `omlx-jobs worker --model {s['model']}`"
-        )
-    return "\n".join(lines)
+    from omlx_jobs.jobs.render import status_lines
+
+    return "\n".join(status_lines(s))
 
 
 def _live_serving(redis_url: str | None, queue: str | None) -> int | None:
@@ -437,13 +409,14 @@ def status(job_id: str, as_json: bool, watch: bool, db: str | None, redis_url: s
     It also says when no live worker serves the job's queue (it asks Redis; without Redis it leaves that out).
     """
     from omlx_jobs.jobs import lifecycle
+    from omlx_jobs.jobs.progress import job_status
 
     try:
         store = _store(db, create=False)
         while True:
             job = store.get_job(job_id)
             live = None if job.status in lifecycle.TERMINAL else _live_serving(redis_url, job.queue)
-            summary = lifecycle.summarize(job, store.counts(job_id), workers=store.job_workers(job_id), serving=live)
+            summary = job_status(store, job_id, serving=live)
             if as_json:
                 click.echo(json.dumps(summary, indent=None if watch else 2))
             else:
@@ -475,12 +448,9 @@ def list_jobs(limit: int, db: str | None) -> None:
     if not rows:
         click.echo("no jobs yet: `omlx-jobs submit FILE --model M` or `omlx-jobs run FILE --model M -o OUT`")
         return
-    click.echo(f"{'JOB':34} {'STATUS':12} {'DONE':>13}  {'CREATED':19}  MODEL")
-    for job in rows:
-        c = store.counts(job.id)
-        done = f"{c.completed + c.failed + c.cancelled}/{c.total}"
-        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.created_at))
-        click.echo(f"{job.id:34} {job.status:12} {done:>13}  {created}  {job.model}")
+    from omlx_jobs.jobs.render import job_lines
+
+    click.echo("\n".join(job_lines((job, store.counts(job.id)) for job in rows)))
 
 
 # ---- results ------------------------------------------------------------------------------------------
@@ -546,7 +516,7 @@ def cancel(job_id: str, db: str | None, redis_url: str | None) -> None:
         except RedisUnavailable as exc:
             click.echo(f"warning: {exc}; cancelling in the store only", err=True)
             redis = None
-        click.echo(f"{job_id}: {actions.cancel(store, redis, job_id)}")
+        click.echo(actions.cancel_report(store, redis, job_id))
     except _client_errors() as exc:
         _fail(str(exc))
 
@@ -616,13 +586,9 @@ def list_live_workers(as_json: bool, redis_url: str | None) -> None:
     if not workers:
         click.echo("no live workers: start one with `omlx-jobs worker --model M`")
         return
-    now = time.time()
-    click.echo(f"{'WORKER':34} {'STATE':8} {'TOK/S':>8} {'DONE':>8} {'BEAT':>6}  {'JOB / SHARD':44} MODEL")
-    for w in workers:
-        running = f"{w.job_id} [{w.shard}]" if w.job_id else "-"
-        beat = f"{max(0, now - w.last_heartbeat):.0f}s"
-        rate = f"{w.tokens_per_second:.1f}"
-        click.echo(f"{w.name:34} {w.state:8} {rate:>8} {w.requests_done:>8} {beat:>6}  {running:44} {w.model}")
+    from omlx_jobs.jobs.render import worker_lines
+
+    click.echo("\n".join(worker_lines(workers)))
 
 
 # ---- serve ---------------------------------------------------------------------------------------------
@@ -785,7 +751,13 @@ def worker(
         return
     qname = queue or queue_name(kw["model"])
     ctx = entry.WorkerContext(
-        store=store, engine=engine, redis=redis, queue=qname, drain_timeout=drain_timeout, images=images
+        store=store,
+        engine=engine,
+        redis=redis,
+        queue=qname,
+        drain_timeout=drain_timeout,
+        images=images,
+        model_name=kw["model_name"],
     )
     entry.install(ctx)
     click.echo(f"worker ready on {qname} (model {kw['model']})", err=True)
@@ -845,7 +817,9 @@ def run(
         if resume_job:
             job_id = resume_job
         else:
-            load = load_job(store, file, kw["model"], skip_invalid=skip_invalid, images=images)
+            load = load_job(
+                store, file, kw["model"], skip_invalid=skip_invalid, images=images, model_name=kw["model_name"]
+            )
             if load.rejected:
                 _print_rejection(load)
                 sys.exit(2)

@@ -155,6 +155,20 @@ def cancel(store: Store, redis: Redis | None, job_id: str) -> str:
     return lifecycle.finalize_if_done(store, job_id)
 
 
+def cancel_report(store: Store, redis: Redis | None, job_id: str) -> str:
+    """cancel(), said in a line: what was cancelled, or that nothing was (the job had ended already)."""
+    before = store.get_job(job_id).status
+    if before in lifecycle.TERMINAL:
+        return f"{job_id} is already {before}: nothing was cancelled"
+    status = cancel(store, redis, job_id)
+    counts = store.counts(job_id)
+    if status == lifecycle.CANCELLED:
+        return f"{job_id}: cancelled ({counts.cancelled} request(s) cancelled, {counts.completed} result(s) kept)"
+    if status in lifecycle.TERMINAL:
+        return f"{job_id} ended as {status} before the cancel: nothing was cancelled"
+    return f"{job_id}: {status} (running shards stop within a second; finished results are kept)"
+
+
 def retry(store: Store, redis: Redis, job_id: str, *, include_cancelled: bool = False) -> int:
     """Put failed (and optionally cancelled) requests back to pending and enqueue the job. Returns how many."""
     job = store.get_job(job_id)
