@@ -96,15 +96,18 @@ def job_status(
     now: float | None = None,
     max_tokens: float | None = None,
     plot: bool = False,
+    counts: JobCounts | None = None,
 ) -> dict[str, Any]:
     """A job's whole status (lifecycle.summarize's fields, live_figures' and `model_name`), from the store.
 
     `serving`: live workers on its queue (None: Redis not asked); `max_tokens`: the requests' mean max_tokens
     when the caller knows it already (the page keeps it per job), else read from a sample of the requests;
-    `plot`: add `throughput_series`, from the same live counts.
+    `plot`: add `throughput_series`, from the same live counts; `counts`: the job's request counts when the
+    caller has them (the page keeps them a while for a large job).
     """
     now = time.time() if now is None else now
-    job, counts = store.get_job(job_id), store.counts(job_id)
+    job = store.get_job(job_id)
+    counts = counts if counts is not None else store.counts(job_id)
     summary = lifecycle.summarize(job, counts, now, workers=store.job_workers(job_id), serving=serving)
     spans = store.job_ticks(job_id)
     if max_tokens is None and counts.pending:

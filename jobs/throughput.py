@@ -127,11 +127,13 @@ def bin_width(span: float, max_bins: int) -> float:
 
 def series(spans: Sequence[Span], max_bins: int = 60, end: float | None = None) -> list[Bin]:
     """Prompt and generated tokens per second over the job's life, in equal bins by when they were computed
-    (empty bins included: a stall shows as one). `end`: the plot's right edge (now, for a running job)."""
+    (empty bins included: a stall shows as one). `end`: the plot's right edge (now, for a running job). The
+    bin holding the last count is as long as the counted part of it, so an open bin does not read low."""
     if not spans:
         return []
     first = min(s.started_at for s in spans)
-    last = max(end or 0.0, max(s.ended_at for s in spans))
+    counted = max(s.ended_at for s in spans)
+    last = max(end or 0.0, counted)
     width = bin_width(max(last - first, 1.0), max_bins)
     n = min(int((last - first) // width) + 1, max_bins + 1)
     prompt, completion = [0.0] * n, [0.0] * n
@@ -142,7 +144,12 @@ def series(spans: Sequence[Span], max_bins: int = 60, end: float | None = None) 
             share = _share(s, first + k * width, first + (k + 1) * width)
             prompt[k] += s.prompt_tokens * share
             completion[k] += s.completion_tokens * share
-    return [Bin(first + k * width, width, prompt[k], completion[k]) for k in range(n)]
+    bins = []
+    for k in range(n):
+        start = first + k * width
+        seconds = min(width, counted - start) if start < counted < start + width else width
+        bins.append(Bin(start, max(seconds, min(width, 1.0)), prompt[k], completion[k]))
+    return bins
 
 
 @dataclass(frozen=True)
