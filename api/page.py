@@ -125,6 +125,7 @@ def _job_row(job: JobInfo, by_status: dict[str, int], now: float) -> dict[str, A
         "created_at": job.created_at,
         "age_seconds": max(0.0, now - job.created_at),
         "total": total,
+        "input_errors": len(job.errors or []),
         "done": done,
         **c,
         "shares": shares(counts),
@@ -182,16 +183,18 @@ def _max_tokens(state: AppState, job_id: str) -> float | None:
 
 
 def histogram(steps: dict[int, int], bins: int = HISTOGRAM_BINS) -> list[dict[str, int]]:
-    """Counts by token count in HISTOGRAM_STEP steps, merged into at most `bins` equal bins from 0: each
-    {"lo": first tokens, "hi": last tokens + 1, "count"}."""
+    """Counts by token count in HISTOGRAM_STEP steps, merged into at most `bins` equal bins from the smallest
+    count to the largest: each {"lo": first tokens, "hi": last tokens + 1, "count"}."""
     if not steps:
         return []
-    top = (max(steps) + 1) * HISTOGRAM_STEP
-    width = HISTOGRAM_STEP * max(1, -(-top // (HISTOGRAM_STEP * bins)))
-    merged = [0] * (-(-top // width))
+    first, last = min(steps), max(steps)
+    per_bin = -(-(last - first + 1) // bins)  # steps per bin, rounded up
+    merged = [0] * (-(-(last - first + 1) // per_bin))
     for step, n in steps.items():
-        merged[step * HISTOGRAM_STEP // width] += n
-    return [{"lo": k * width, "hi": (k + 1) * width, "count": n} for k, n in enumerate(merged)]
+        merged[(step - first) // per_bin] += n
+    width = per_bin * HISTOGRAM_STEP
+    return [{"lo": (first + k * per_bin) * HISTOGRAM_STEP, "hi": (first + k * per_bin) * HISTOGRAM_STEP + width,
+             "count": n} for k, n in enumerate(merged)]  # fmt: skip
 
 
 # ---- workers, cancel ---------------------------------------------------------------------------------------

@@ -94,10 +94,13 @@ function progressText(counts, total, status) {
 // ---- plots (uPlot) --------------------------------------------------------------------------------------
 
 const plots = {};
+const xRanges = {}; // each plot's x range, read by its scale at every redraw (a plot is made once, then fed data)
 
 function plotWidth(container) { return Math.max(240, container.clientWidth - 10); }
 
-function drawPlot(id, opts, data, emptyText) {
+function drawPlot(id, opts, data, emptyText, xRange) {
+  xRanges[id] = xRange;
+  opts.scales.x = { ...(opts.scales.x || {}), range: () => xRanges[id] };
   const container = $(id);
   const points = data[0].length;
   container.dataset.points = String(points);
@@ -121,6 +124,8 @@ function drawPlot(id, opts, data, emptyText) {
 
 function drawThroughput(series) {
   const x = series.map((b) => b.t + b.seconds / 2);
+  const lo = series.length ? series[0].t : 0;
+  const hi = series.length ? series[series.length - 1].t + series[series.length - 1].seconds : 1;
   const opts = {
     key: "throughput",
     height: 240,
@@ -131,25 +136,34 @@ function drawThroughput(series) {
     ],
     legend: { live: false },
     axes: [{}, { label: "tokens / s", size: 60 }],
-    scales: { y: { range: (u, lo, hi) => [0, Math.max(1, hi * 1.1)] } },
+    scales: {
+      y: { range: (u, min, max) => [0, Math.max(1, max * 1.1)] },
+    },
   };
+  // The job's span, not uPlot's guess around a single point.
   drawPlot("throughput-plot", opts, [x, series.map((b) => b.prompt_tps), series.map((b) => b.completion_tps)],
-    "no tokens counted yet");
+    "no tokens counted yet", [lo, Math.max(hi, lo + 10)]);
 }
 
-function bars() { return typeof uPlot === "undefined" ? undefined : uPlot.paths.bars({ size: [0.9, 80], align: 1 }); }
+function bars() { return typeof uPlot === "undefined" ? undefined : uPlot.paths.bars({ size: [0.92, Infinity] }); }
 
 function drawHistogram(id, bins, label, colour) {
+  const lo = bins.length ? bins[0].lo : 0;
+  const hi = bins.length ? bins[bins.length - 1].hi : 1;
   const opts = {
     key: "hist",
     height: 150,
     title: label,
     legend: { show: false },
-    scales: { x: { time: false } },
+    scales: {
+      x: { time: false },
+      y: { range: (u, min, max) => [0, Math.max(1, max * 1.1)] },
+    },
     series: [{}, { label: "requests", stroke: colour, fill: colour + "99", paths: bars(), points: { show: false } }],
     axes: [{ label: "tokens" }, { label: "requests", size: 50 }],
   };
-  drawPlot(id, opts, [bins.map((b) => b.lo), bins.map((b) => b.count)], "no completed request yet");
+  drawPlot(id, opts, [bins.map((b) => (b.lo + b.hi) / 2), bins.map((b) => b.count)], "no completed request yet",
+    [lo, hi]);
 }
 
 // ---- the job list -----------------------------------------------------------------------------------------
@@ -174,7 +188,9 @@ function renderJobs(data) {
     const tr = el("tr");
     tr.dataset.jobId = job.id;
     const progress = el("div", null, "cell-progress");
-    progress.append(bar(job, job.total), el("span", progressText(job, job.total, job.status)));
+    const text = job.total === 0 && job.input_errors ? "rejected: " + num(job.input_errors) + " bad line(s)"
+      : progressText(job, job.total, job.status);
+    progress.append(bar(job, job.total), el("span", text));
     tr.append(cell(link(job.id, "/jobs/" + encodeURIComponent(job.id)), "id"), cell(statusBadge(job.status)),
       cell(progress), el("td", job.model), el("td", duration(job.age_seconds)));
     body.append(tr);
@@ -245,7 +261,7 @@ function renderStats(job) {
   const eff = job.cache.computed_over_minimum;
   const p = job.prefix;
   // Workers add the prompt tokens they computed to the job when a shard ends; while it runs, the live count shows.
-  stat(dl, "computed ÷ minimum", !job.terminal || eff === null
+  stat(dl, "computed ÷ minimum", job.terminal && eff === null ? "–" : !job.terminal
     ? num(Math.max(p.prefill_tokens_computed, live.prefilled_tokens || 0)) + " computed so far; minimum " +
       num(p.trie_min_tokens) + " prompt tokens (the ratio when the job ends)"
     : eff.toFixed(3) + "× (" + num(p.prefill_tokens_computed) + " / " + num(p.trie_min_tokens) + " prompt tokens)");
@@ -274,7 +290,7 @@ function renderOutcomes(job) {
     const tr = el("tr");
     tr.dataset.outcome = outcome;
     const a = link(outcome, "#requests", "outcome" + (isReason(outcome) ? "" : " error"));
-    a.addEventListener("click", (ev) => { ev.preventDefault(); setRequestFilter({ outcome, status: "" }); });
+    a.addEventListener("click", (ev) => { ev.preventDefault(); setRequestFilter({ outcome, status: "", q: "" }); });
     const share = el("span", null, "share" + (isReason(outcome) ? "" : " error"));
     share.style.width = (120 * n / total).toFixed(1) + "px";
     tr.append(cell(a), el("td", num(n), "num"), cell(share));
@@ -317,6 +333,9 @@ function renderJob(job) {
   barEl.id = "job-bar";
   $("job-bar").replaceWith(barEl);
   $("job-progress-text").textContent = progressText(rc, rc.total, job.status);
+  if (rc.total === 0 && job.error_count) {
+    $("job-progress-text").textContent = "rejected at submit: " + num(job.error_count) + " bad line(s); nothing ran";
+  }
   renderLive(job);
   renderStats(job);
   renderInputErrors(job);
