@@ -98,7 +98,7 @@ def job_status(
     plot: bool = False,
     counts: JobCounts | None = None,
 ) -> dict[str, Any]:
-    """A job's whole status (lifecycle.summarize's fields, live_figures' and `model_name`), from the store.
+    """A job's whole status (lifecycle.summarize's fields and live_figures'), from the store.
 
     `serving`: live workers on its queue (None: Redis not asked); `max_tokens`: the requests' mean max_tokens
     when the caller knows it already (the page keeps it per job), else read from a sample of the requests;
@@ -112,7 +112,7 @@ def job_status(
     spans = store.job_ticks(job_id)
     if max_tokens is None and counts.pending:
         max_tokens = max_completion_tokens(Reports(store).sample_bodies(job_id, SAMPLE_BODIES))
-    summary.update(live_figures(job, counts, spans, max_tokens, now), model_name=model_name(job))
+    summary.update(live_figures(job, counts, spans, max_tokens, now))
     if plot:
         summary["throughput_series"] = throughput_series(spans, job, now)
     return summary

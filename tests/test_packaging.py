@@ -43,6 +43,10 @@ def test_wheel_holds_one_package_and_the_console_script(wheel: Path) -> None:
         "api/static/app.js",
         "api/static/app.css",
         "api/static/favicon.svg",
+        "api/static/uPlot.iife.min.js",  # vendored (api/static/VENDOR.txt): the page loads nothing from elsewhere
+        "api/static/uPlot.min.css",
+        "api/static/uPlot.LICENSE",
+        "store/migrations/versions/0005_live_ticks_watch_page.py",
     ):
         assert f"omlx_jobs/{module}" in names
     assert not any(n.startswith(("tests/", "bench/", "omlx_jobs/tests/", "omlx_jobs/bench/")) for n in names)
