@@ -24,11 +24,15 @@ from omlx_jobs.store.errors import JobNotFound
 from omlx_jobs.store.reports import HISTOGRAM_STEP, JobFilter
 
 JOBS_PAGE = 50
+LARGE_JOB = 50_000
+"""A job with more requests than this has its list counts read on their own (and served stale while read)."""
 JOBS_PAGE_MAX = 200
 FIRST_ERRORS = 10
 INPUT_ERRORS = 100
 """Validation errors sent with a job (the status JSON keeps them all, up to submit's cap)."""
 HISTOGRAM_BINS = 24
+WIDGET_WAIT = 0.5
+"""Seconds a first view waits for a job's outcomes and histograms; a large job's come with a later refresh."""
 
 _caches: weakref.WeakKeyDictionary[AppState, PageCache] = weakref.WeakKeyDictionary()
 
@@ -47,7 +51,9 @@ def _version(job: JobInfo) -> tuple[Any, ...]:
 
 def _counts(state: AppState, job: JobInfo) -> JobCounts:
     ended = job.status in lifecycle.TERMINAL
-    return cache_of(state).get(("counts", job.id), _version(job), lambda: state.store.counts(job.id), ended=ended)
+    counts = cache_of(state).get(("counts", job.id), _version(job), lambda: state.store.counts(job.id), ended=ended)
+    assert counts is not None  # no `wait`: the first read is waited for
+    return counts
 
 
 # ---- the job list ------------------------------------------------------------------------------------------
@@ -99,17 +105,26 @@ def jobs_view(
 
 
 def _status_counts(state: AppState, jobs: list[JobInfo]) -> dict[str, dict[str, int]]:
-    """Requests by status of each listed job: ended jobs' from the cache once read, the rest in one query."""
+    """Requests by status of each listed job: those kept (ended jobs', large running jobs') from the cache, the
+    rest in one query, kept as long as their read cost."""
     cache = cache_of(state)
     out: dict[str, dict[str, int]] = {}
     for job in jobs:
         found, counts = cache.peek(("status", job.id), _version(job))
         if found:
             out[job.id] = counts
+        elif job.total > LARGE_JOB:  # its own read, served stale while a new one runs
+            ended = job.status in lifecycle.TERMINAL
+            read_one = lambda j=job.id: state.reports.status_counts([j])[j]  # noqa: E731
+            out[job.id] = cache.get(("status", job.id), _version(job), read_one, ended=ended) or {}
+    started = time.monotonic()
     read = state.reports.status_counts([j.id for j in jobs if j.id not in out])
+    took = time.monotonic() - started
     for job in jobs:
-        if job.id in read and job.status in lifecycle.TERMINAL:
-            cache.put(("status", job.id), _version(job), read[job.id], ended=True)
+        if job.id in read:
+            cache.put(
+                ("status", job.id), _version(job), read[job.id], took=took, ended=job.status in lifecycle.TERMINAL
+            )
     return {**out, **read}
 
 
@@ -155,8 +170,12 @@ def job_view(state: AppState, job_id: str) -> dict[str, Any]:
     summary = status_of(state.store, job_id, now=time.time(), max_tokens=max_tokens, plot=True, counts=counts)
     prompt = counts.prompt_tokens
     lookups = job.cache_hits + job.cache_misses
-    outcomes = cache.get(("outcomes", job_id), version, lambda: state.reports.outcomes(job_id), ended=ended)
-    steps = cache.get(("steps", job_id), version, lambda: state.reports.token_steps(job_id), ended=ended)
+    outcomes = cache.get(
+        ("outcomes", job_id), version, lambda: state.reports.outcomes(job_id), ended=ended, wait=WIDGET_WAIT
+    )
+    steps = cache.get(
+        ("steps", job_id), version, lambda: state.reports.token_steps(job_id), ended=ended, wait=WIDGET_WAIT
+    )
     errors = summary.pop("errors") or []
     return {
         **summary,
@@ -167,8 +186,8 @@ def job_view(state: AppState, job_id: str) -> dict[str, Any]:
             "hit_share": job.cache_hits / lookups if lookups else None,
             "computed_over_minimum": summary["prefix"]["efficiency"],
         },
-        "outcomes": outcomes,
-        "histograms": {kind: histogram(steps[kind]) for kind in ("prompt", "completion")},
+        "outcomes": outcomes,  # None: still being read (a large job's first view)
+        "histograms": {kind: histogram(steps[kind]) for kind in ("prompt", "completion")} if steps else None,
         "errors": errors[:INPUT_ERRORS],
         "error_count": len(errors),
         "first_errors": state.reports.first_errors(job_id, FIRST_ERRORS),

@@ -168,25 +168,46 @@ def test_histogram_bins_span_the_counts() -> None:
     assert all(b["hi"] - b["lo"] == wide[0]["hi"] - wide[0]["lo"] for b in wide)
 
 
-def test_the_page_cache_keeps_reads_by_their_cost() -> None:
+def test_the_page_cache_keeps_reads_by_their_cost_and_serves_slow_ones_stale() -> None:
+    import threading
+
     clock = [0.0]
     cache = PageCache(clock=lambda: clock[0])
     calls: list[str] = []
 
     def slow() -> str:
-        calls.append("read")
-        clock[0] += 0.5  # a read that took half a second: kept 20 x as long
+        calls.append("slow")
+        clock[0] += 0.5  # a read that took half a second: kept 20 x as long, then served stale while read again
         return f"v{len(calls)}"
 
     assert cache.get("k", 1, slow) == "v1"
     clock[0] += 5
     assert cache.get("k", 1, slow) == "v1" and len(calls) == 1
     clock[0] += 6
-    assert cache.get("k", 1, slow) == "v2"  # stale after 10 s
-    assert cache.get("k", 2, slow) == "v3"  # a new version is read at once
+    assert cache.get("k", 1, slow) == "v1"  # stale after 10 s: served at once, the new value read behind it
+    _until(lambda: cache.peek("k", 1) == (True, "v2"))
+    assert cache.get("k", 2, slow) == "v2"  # another version (the job's status changed): stale too
+    _until(lambda: cache.peek("k", 2) == (True, "v3"))
+
+    fast = iter(range(100)).__next__  # a cheap read is read again at once, never served stale
+    assert [cache.get("c", 1, fast) for _ in range(3)] == [0, 1, 2]
     assert cache.get("done", 1, slow, ended=True) == "v4"
     clock[0] += 1e6
     assert cache.get("done", 1, slow, ended=True) == "v4"  # an ended job's figures stay
+
+    gate = threading.Event()
+    first = cache.get("big", 1, lambda: gate.wait(10) and "counted", wait=0.05)
+    assert first is None  # a first read past `wait`: nothing now, the value later
+    gate.set()
+    _until(lambda: cache.get("big", 1, lambda: "again", wait=0.05) == "counted")
+    cache.close()
+
+
+def _until(cond: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
 
 
 def test_input_previews() -> None:

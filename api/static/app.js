@@ -147,7 +147,7 @@ function drawThroughput(series) {
 
 function bars() { return typeof uPlot === "undefined" ? undefined : uPlot.paths.bars({ size: [0.92, Infinity] }); }
 
-function drawHistogram(id, bins, label, colour) {
+function drawHistogram(id, bins, label, colour, emptyText) {
   const lo = bins.length ? bins[0].lo : 0;
   const hi = bins.length ? bins[bins.length - 1].hi : 1;
   const opts = {
@@ -162,8 +162,7 @@ function drawHistogram(id, bins, label, colour) {
     series: [{}, { label: "requests", stroke: colour, fill: colour + "99", paths: bars(), points: { show: false } }],
     axes: [{ label: "tokens" }, { label: "requests", size: 50 }],
   };
-  drawPlot(id, opts, [bins.map((b) => (b.lo + b.hi) / 2), bins.map((b) => b.count)], "no completed request yet",
-    [lo, hi]);
+  drawPlot(id, opts, [bins.map((b) => (b.lo + b.hi) / 2), bins.map((b) => b.count)], emptyText, [lo, hi]);
 }
 
 // ---- the job list -----------------------------------------------------------------------------------------
@@ -281,6 +280,12 @@ function renderInputErrors(job) {
 }
 
 function renderOutcomes(job) {
+  if (job.outcomes === null) { // a large job's first view: read in the background, shown with a later refresh
+    $("no-outcomes").textContent = "Counting…";
+    $("no-outcomes").hidden = false;
+    return;
+  }
+  $("no-outcomes").textContent = "No request has ended yet.";
   const body = $("outcomes").tBodies[0];
   body.replaceChildren();
   const entries = Object.entries(job.outcomes).sort((a, b) => b[1] - a[1]);
@@ -341,8 +346,10 @@ function renderJob(job) {
   renderInputErrors(job);
   drawThroughput(job.throughput_series);
   renderOutcomes(job);
-  drawHistogram("hist-prompt", job.histograms.prompt, "prompt tokens", "#1f6feb");
-  drawHistogram("hist-completion", job.histograms.completion, "completion tokens", "#d4622a");
+  const hist = job.histograms || { prompt: [], completion: [] };
+  const waiting = job.histograms === null ? "counting…" : "no completed request yet";
+  drawHistogram("hist-prompt", hist.prompt, "prompt tokens", "#1f6feb", waiting);
+  drawHistogram("hist-completion", hist.completion, "completion tokens", "#d4622a", waiting);
   renderFirstErrors(job);
   renderDetails(job);
   const cancel = $("cancel");
