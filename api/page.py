@@ -16,7 +16,7 @@ from omlx_jobs.api.ids import is_job_id
 from omlx_jobs.api.page_cache import PageCache
 from omlx_jobs.api.state import AppState
 from omlx_jobs.jobs import actions, lifecycle
-from omlx_jobs.jobs.progress import SAMPLE_BODIES, max_completion_tokens, model_name, shares
+from omlx_jobs.jobs.progress import PLOT_BINS, SAMPLE_BODIES, max_completion_tokens, model_name, shares
 from omlx_jobs.jobs.progress import job_status as status_of
 from omlx_jobs.jobs.workers import list_workers
 from omlx_jobs.store.db import JobCounts, JobInfo
@@ -177,6 +177,8 @@ def job_view(state: AppState, job_id: str) -> dict[str, Any]:
         ("steps", job_id), version, lambda: state.reports.token_steps(job_id), ended=ended, wait=WIDGET_WAIT
     )
     errors = summary.pop("errors") or []
+    if not summary["throughput_series"] and counts.completed:  # a job from before live counts: its results' times
+        summary["throughput_series"] = _finished_series(state, job)
     return {
         **summary,
         "terminal": ended,
@@ -195,6 +197,21 @@ def job_view(state: AppState, job_id: str) -> dict[str, Any]:
         "details": {"model": job.model, "queue": job.queue, "input_file": job.input_file},
         "now": time.time(),
     }
+
+
+def _finished_series(state: AppState, job: JobInfo) -> list[dict[str, float]]:
+    """Tokens per second by when requests finished (what older jobs have instead of live counts)."""
+    buckets = cache_of(state).get(
+        ("finished", job.id),
+        _version(job),
+        lambda: state.reports.throughput(job.id, PLOT_BINS),
+        ended=job.status in lifecycle.TERMINAL,
+    )
+    return [
+        {"t": b.start, "seconds": b.seconds, "prompt_tps": round(b.prompt_tokens_per_second, 2),
+         "completion_tps": round(b.completion_tokens_per_second, 2)}
+        for b in buckets or []
+    ]  # fmt: skip
 
 
 def _max_tokens(state: AppState, job_id: str) -> float | None:

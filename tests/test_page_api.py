@@ -217,3 +217,12 @@ def test_input_previews() -> None:
     text, cut = input_preview('{"prompt": "' + "x" * 500 + '"}', 514)
     assert cut and len(text) < 200
     assert input_preview('{"messages": [{"role": "us', 10**6)[1] is True  # a body larger than the part read
+
+
+def test_a_job_without_live_counts_plots_its_results_times(env: Env, server: str) -> None:
+    job_id = _batch(env, server, 30)
+    _finish_some(env, job_id)  # results, but no live counts: a job run before workers counted live
+    view = get(server, f"/api/jobs/{job_id}")
+    assert view["live"]["generated_tokens"] == 0 and view["eta"]["state"] == "estimating"
+    series = view["throughput_series"]
+    assert series and sum(b["completion_tps"] * b["seconds"] for b in series) == 6 * 5 + 4 * 16
