@@ -165,3 +165,30 @@ def test_live_ticks_are_read_by_job_and_time(store: Store) -> None:
     ]
     store.delete_job("batch_a")  # a removed job takes its ticks along
     assert store.job_ticks("batch_a") == []
+
+
+def test_the_pages_queries_are_index_ranges_on_sqlite(sqlite_url: str) -> None:
+    """Each statement of a filtered page or a search reads requests through the index made for it, whatever the
+    job's size (the bench checks the whole page the same way: bench/page_load.py)."""
+    from sqlalchemy import event
+
+    store = Store(sqlite_url)
+    _finish(store, _job(store, "batch_a"))
+    seen: list[tuple[str, Any]] = []
+    event.listen(
+        store.engine, "before_cursor_execute", lambda c, cur, sql, params, ctx, many: seen.append((sql, params))
+    )
+    pages = RequestPages(store)
+    expected = {
+        "ix_requests_job_outcome_idx": RequestFilter(outcome="length"),
+        "ix_requests_job_status_idx": RequestFilter(status="failed"),
+        "ix_requests_job_custom_id": RequestFilter(custom_id_prefix="item-01"),
+    }
+    for index, where in expected.items():
+        seen.clear()
+        pages.page("batch_a", where, after=Cursor(3, "item-003" if where.custom_id_prefix else None))
+        ((sql, params),) = seen
+        with store.engine.connect() as conn:
+            plan = " | ".join(r[-1] for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, params))
+        assert plan.startswith("SEARCH requests USING INDEX " + index), plan
+    store.close()
