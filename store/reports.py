@@ -249,7 +249,7 @@ class Reports:
         {step: count}, "completion": {...}} (one statement, two passes over the job's completed range)."""
         done = (Request.job_id == job_id, Request.status == RequestStatus.COMPLETED)
         parts = [
-            select(literal(kind).label("kind"), (cast(column, Integer) / HISTOGRAM_STEP).label("step"), func.count())
+            select(literal(kind).label("kind"), (cast(column, Integer) // HISTOGRAM_STEP).label("step"), func.count())
             .where(*done, column.is_not(None))
             .group_by("step")
             for kind, column in (("prompt", Request.prompt_tokens), ("completion", Request.completion_tokens))
