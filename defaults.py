@@ -87,6 +87,9 @@ HEARTBEAT_TTL = 45
 """Seconds a running shard stays claimed without a heartbeat (--heartbeat-ttl); beats come every TTL/4."""
 MAX_ATTEMPTS = 10
 """A request started this many times without a result (worker crashes, engine errors) fails for good."""
+LIVE_TICK_SECONDS = 2.0
+"""A running shard writes its tokens prefilled and generated to the store this often, and a worker refreshes
+its record (current tokens per second, requests in flight) as often while it runs a shard."""
 
 # ---- jobs (`submit` options and request parameters) -------------------------------------------------------
 SHARD_TIMEOUT = 24 * 3600

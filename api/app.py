@@ -18,7 +18,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from omlx_jobs.api import batches, files, metrics, page, uploads
+from omlx_jobs.api import batches, files, metrics, page, page_requests, uploads
 from omlx_jobs.api.auth import Guard
 from omlx_jobs.api.bodies import json_body
 from omlx_jobs.api.config import ServeConfig
@@ -135,11 +135,37 @@ def index(request: Request) -> Response:
 
 
 def api_jobs(request: Request) -> Response:
-    return JSONResponse(page.jobs_view(state_of(request), _int_param(request, "limit", 50)))
+    q = request.query_params
+    limit = _int_param(request, "limit", page.JOBS_PAGE)
+    return JSONResponse(
+        page.jobs_view(
+            state_of(request), limit, status=q.get("status"), model=q.get("model"), q=q.get("q"), before=q.get("before")
+        )
+    )
 
 
 def api_job(request: Request) -> Response:
     return JSONResponse(page.job_view(state_of(request), request.path_params["job_id"]))
+
+
+def api_job_requests(request: Request) -> Response:
+    q = request.query_params
+    view = page_requests.requests_view(
+        state_of(request),
+        request.path_params["job_id"],
+        status=q.get("status"),
+        outcome=q.get("outcome"),
+        q=q.get("q"),
+        after=q.get("after"),
+        before=q.get("before"),
+        limit=_int_param(request, "limit", 25),
+    )
+    return JSONResponse(view)
+
+
+def api_job_request(request: Request) -> Response:
+    p = request.path_params
+    return JSONResponse(page_requests.request_view(state_of(request), p["job_id"], p["idx"]))
 
 
 def api_cancel(request: Request) -> Response:
@@ -239,6 +265,7 @@ def create_app(config: ServeConfig, *, housekeeping: bool = True) -> Starlette:
     routes = [
         Route("/", index),
         Route("/jobs/{job_id}", index),
+        Route("/workers", index),
         Route("/healthz", healthz),
         Route("/metrics", prometheus),
         Route("/v1/files", create_file, methods=["POST"]),
@@ -252,6 +279,8 @@ def create_app(config: ServeConfig, *, housekeeping: bool = True) -> Starlette:
         Route("/v1/batches/{batch_id}/cancel", cancel_batch, methods=["POST"]),
         Route("/api/jobs", api_jobs),
         Route("/api/jobs/{job_id}", api_job),
+        Route("/api/jobs/{job_id}/requests", api_job_requests),
+        Route("/api/jobs/{job_id}/requests/{idx}", api_job_request),
         Route("/api/jobs/{job_id}/cancel", api_cancel, methods=["POST"]),
         Route("/api/workers", api_workers),
         Mount("/static", app=StaticFiles(directory=str(STATIC)), name="static"),

@@ -13,10 +13,10 @@ from omlx_jobs.api.ids import BATCH_PREFIX, is_job_id, new_id
 from omlx_jobs.api.models import resolve_model
 from omlx_jobs.api.state import AppState
 from omlx_jobs.api.tenants import EVERYONE, Tenant
-from omlx_jobs.api.workers import served_models
 from omlx_jobs.jobs import actions, lifecycle
 from omlx_jobs.jobs.formats import ENDPOINTS
 from omlx_jobs.jobs.queue import RedisUnavailable, cancel_queued
+from omlx_jobs.jobs.workers import served_models
 from omlx_jobs.store.batches import BatchInfo
 from omlx_jobs.store.db import JobCounts, JobInfo
 from omlx_jobs.store.errors import JobNotFound
@@ -113,11 +113,14 @@ def settle(state: AppState, job_id: str) -> None:
 
 
 def list_batches(state: AppState, *, after: str | None, limit: int, tenant: Tenant = EVERYONE) -> dict[str, Any]:
-    """A page of `tenant`'s batches, newest first. `after` must be a batch id (it need not exist any more)."""
+    """A page of `tenant`'s batches, newest first. `after` must be one of its batches (else a 400, not page one)."""
     if not 1 <= limit <= BATCHES_PAGE_MAX:
         raise BadRequest(f"limit must be between 1 and {BATCHES_PAGE_MAX}, got {limit}", param="limit")
-    if after is not None and not is_job_id(after):
-        raise BadRequest(f"after must be a batch id, got {clip(after)!r}", param="after")
+    cursor = state.batches.get(after) if after is not None and is_job_id(after) else None
+    if after is not None and (cursor is None or not tenant.sees(cursor.owner)):
+        raise BadRequest(
+            f"after={clip(after)!r} is no batch here: pass the last id of the previous page", param="after"
+        )
     rows = state.batches.page(after=after, limit=limit + 1, owner=tenant.scope)
     data = [retrieve(state, b.job_id, tenant) for b in rows[:limit]]
     return files_api.page_object(data, has_more=len(rows) > limit)
@@ -203,12 +206,15 @@ def create(state: AppState, body: dict[str, Any], tenant: Tenant = EVERYONE) -> 
     except Exception as exc:
         raise Unavailable(f"Redis is unreachable ({exc}); nothing was created. Try again once Redis is up") from exc
     name, served = resolve_model(scan.get("models") or {}, state.config.models, live, scan.get("model_count", 0))
+    served = live.get(served, served)  # a worker's short name: the model it serves
 
     now = state.now()
     job_id = new_id(BATCH_PREFIX)
     path = files_api.path_of(state, file_id)
     try:
-        actions.submit(state.store, redis, path, served, job_id=job_id, shard_size=state.config.shard_size)
+        actions.submit(
+            state.store, redis, path, served, job_id=job_id, shard_size=state.config.shard_size, model_name=name
+        )
     except FileNotFoundError:
         raise NotFound(f"file {file_id} was deleted while the batch was created", param="input_file_id") from None
     except RedisUnavailable as exc:

@@ -1,6 +1,7 @@
-"""/metrics in Prometheus' text format: queue depth, requests completed and failed, tokens per second, the
-cache-hit ratio and live workers, read from the store and RQ at scrape time (nothing is counted in-process,
-so several servers report the same figures)."""
+"""/metrics in Prometheus' text format: queue depth, requests completed and failed, tokens per second now (from
+the live token counts of running jobs, per job and per worker), requests in flight, the cache-hit ratio and live
+workers, read from the store, the workers' records and RQ at scrape time (nothing is counted in-process, so
+several servers report the same figures)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from omlx_jobs.api.state import AppState
-from omlx_jobs.api.workers import list_workers
 from omlx_jobs.jobs import lifecycle
+from omlx_jobs.jobs.progress import model_name
 from omlx_jobs.jobs.queue import QUEUE_PREFIX
+from omlx_jobs.jobs.throughput import RATE_WINDOW_SECONDS as LIVE_WINDOW
+from omlx_jobs.jobs.throughput import STALE_SECONDS, Current, current
+from omlx_jobs.jobs.workers import WorkerInfo, list_workers
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +58,14 @@ class StoreCollector(Collector):
         now = time.time()  # request rows carry the store's wall-clock times
         active = reports.active_jobs(ACTIVE, finished_since=now - RATE_WINDOW_SECONDS)
         recent = reports.recent_tokens(active, now - RATE_WINDOW_SECONDS)
-        tps = GaugeMetricFamily(
-            "omlx_tokens_per_second",
+        finished = GaugeMetricFamily(
+            "omlx_finished_tokens_per_second",
             f"Tokens of requests finished in the last {RATE_WINDOW_SECONDS:g} s.",
             labels=["kind"],
         )
-        tps.add_metric(["prompt"], recent["prompt"] / RATE_WINDOW_SECONDS)
-        tps.add_metric(["completion"], recent["completion"] / RATE_WINDOW_SECONDS)
-        yield tps
+        finished.add_metric(["prompt"], recent["prompt"] / RATE_WINDOW_SECONDS)
+        finished.add_metric(["completion"], recent["completion"] / RATE_WINDOW_SECONDS)
+        yield finished
         cached = GaugeMetricFamily(
             "omlx_cached_prompt_tokens_ratio",
             f"Share of prompt tokens served from the prefix cache (requests finished in the last "
@@ -69,6 +73,32 @@ class StoreCollector(Collector):
         )
         cached.add_metric([], recent["cached"] / recent["prompt"] if recent["prompt"] else 0.0)
         yield cached
+        yield from self._live(active, now)
+
+    def _live(self, active: list[str], now: float) -> Iterator[Metric]:
+        """Tokens per second now and requests in flight, of every running job and in all (store/ticks.py)."""
+        store = self.state.store
+        ticks = store.recent_ticks(active, now - LIVE_WINDOW - STALE_SECONDS)
+        by_job: dict[str, Current] = {}
+        for job_id in sorted({t.job_id for t in ticks}):
+            by_job[job_id] = current([t for t in ticks if t.job_id == job_id], now)
+        names = {j: model_name(store.get_job(j)) for j in by_job}
+        tps = GaugeMetricFamily("omlx_tokens_per_second", "Tokens computed per second now, in all.", labels=["kind"])
+        job_tps = GaugeMetricFamily(
+            "omlx_job_tokens_per_second", "Tokens computed per second now, by job.", labels=["job", "model", "kind"]
+        )
+        flight = GaugeMetricFamily("omlx_requests_in_flight", "Requests in the workers' engines now, in all.")
+        job_flight = GaugeMetricFamily(
+            "omlx_job_requests_in_flight", "Requests in the workers' engines now, by job.", labels=["job", "model"]
+        )
+        for kind, attr in (("prompt", "prompt_tokens_per_second"), ("generated", "generated_tokens_per_second")):
+            tps.add_metric([kind], sum(getattr(c, attr) for c in by_job.values()))
+            for job_id, c in by_job.items():
+                job_tps.add_metric([job_id, names[job_id], kind], getattr(c, attr))
+        flight.add_metric([], sum(c.in_flight for c in by_job.values()))
+        for job_id, c in by_job.items():
+            job_flight.add_metric([job_id, names[job_id]], c.in_flight)
+        yield from (tps, job_tps, flight, job_flight)
 
 
 class QueueCollector(Collector):
@@ -99,6 +129,22 @@ class QueueCollector(Collector):
         for state in sorted({"idle", "busy", *states}):
             alive.add_metric([state], states.get(state, 0))
         yield alive
+        yield from _worker_rates(workers)
+
+
+def _worker_rates(workers: list[WorkerInfo]) -> Iterator[Metric]:
+    """Each live worker's tokens per second now and requests in flight, from its record (jobs/workers.py)."""
+    tps = GaugeMetricFamily(
+        "omlx_worker_tokens_per_second", "A worker's tokens per second now.", labels=["worker", "model", "kind"]
+    )
+    flight = GaugeMetricFamily(
+        "omlx_worker_requests_in_flight", "Requests in a worker's engine now.", labels=["worker", "model"]
+    )
+    for w in workers:
+        tps.add_metric([w.name, w.model_name, "prompt"], w.prompt_tokens_per_second)
+        tps.add_metric([w.name, w.model_name, "generated"], w.tokens_per_second)
+        flight.add_metric([w.name, w.model_name], w.in_flight)
+    yield from (tps, flight)
 
 
 def _queue_depths(redis: Any) -> dict[str, int]:

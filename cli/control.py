@@ -25,7 +25,7 @@ def cancel(job_id: str, db: str | None, redis_url: str | None) -> None:
         except RedisUnavailable as exc:
             click.echo(f"warning: {exc}; cancelling in the store only", err=True)
             redis = None
-        click.echo(f"{job_id}: {actions.cancel(store, redis, job_id)}")
+        click.echo(actions.cancel_report(store, redis, job_id))
     except client_errors() as exc:
         fail(str(exc))
 

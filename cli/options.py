@@ -95,3 +95,6 @@ def image_access(kw: dict[str, Any]) -> Any:
         return ImageAccess.create(dirs, allow_remote=remote, allow_remote_hosts=kw.pop("allow_remote_hosts", ()))
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+MODEL_NAME_HELP = "The model's short name in lists, the page and /metrics (default: its folder's or GGUF file's stem)."

@@ -9,7 +9,7 @@ import click
 
 from omlx_jobs.cli.common import client_errors, connect_redis, fail, open_store
 from omlx_jobs.cli.options import db_option, redis_option
-from omlx_jobs.cli.render import format_status, jobs_table
+from omlx_jobs.cli.render import job_lines, status_lines
 
 
 def live_serving(redis_url: str | None, queue: str | None) -> int | None:
@@ -39,19 +39,20 @@ def status(job_id: str, as_json: bool, watch: bool, db: str | None, redis_url: s
     It also says when no live worker serves the job's queue (it asks Redis; without Redis it leaves that out).
     """
     from omlx_jobs.jobs import lifecycle
+    from omlx_jobs.jobs.progress import job_status
 
     try:
         store = open_store(db, create=False)
         while True:
             job = store.get_job(job_id)
             live = None if job.status in lifecycle.TERMINAL else live_serving(redis_url, job.queue)
-            summary = lifecycle.summarize(job, store.counts(job_id), workers=store.job_workers(job_id), serving=live)
+            summary = job_status(store, job_id, serving=live)
             if as_json:
                 click.echo(json.dumps(summary, indent=None if watch else 2))
             else:
                 if watch:
                     click.clear()
-                click.echo(format_status(summary))
+                click.echo("\n".join(status_lines(summary)))
             if not watch or summary["status"] in lifecycle.TERMINAL:
                 break
             time.sleep(2)
@@ -77,5 +78,5 @@ def list_jobs(limit: int, db: str | None) -> None:
     if not rows:
         click.echo("no jobs yet: `omlx-jobs submit FILE --model M` or `omlx-jobs run FILE --model M -o OUT`")
         return
-    for line in jobs_table([(job, store.counts(job.id)) for job in rows]):
+    for line in job_lines((job, store.counts(job.id)) for job in rows):
         click.echo(line)

@@ -13,7 +13,7 @@ import click
 
 from omlx_jobs import defaults
 from omlx_jobs.cli.common import client_errors, connect_redis, fail, open_store
-from omlx_jobs.cli.options import db_option, image_access, image_options, redis_option
+from omlx_jobs.cli.options import MODEL_NAME_HELP, db_option, image_access, image_options, redis_option
 from omlx_jobs.cli.render import job_progress, print_rejection
 from omlx_jobs.jobs.sharding import DEFAULT_SHARD_SIZE
 
@@ -21,7 +21,8 @@ from omlx_jobs.jobs.sharding import DEFAULT_SHARD_SIZE
 @click.command("submit")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--model", "-m", required=True, help="The model a worker serves (same string as `worker --model`).")
-@click.option("--queue", help="Queue name (default omlx:<model>).")
+@click.option("--model-name", help=MODEL_NAME_HELP)
+@click.option("--queue", help="Queue name (default: omlx:<short name>-<hash of the resolved model>).")
 @click.option("--skip-invalid", is_flag=True, help="Run the valid lines; record bad ones as failed requests.")
 @click.option("--wait", is_flag=True, help="Show a progress bar until the job finishes.")
 @click.option(
@@ -38,7 +39,8 @@ from omlx_jobs.jobs.sharding import DEFAULT_SHARD_SIZE
     type=click.Choice(["high", "normal", "low"]),
     default="normal",
     show_default=True,
-    help="Workers take shards of high-priority jobs first, then normal, then low (queue omlx:<model>[:high|:low]).",
+    help="Workers take shards of high-priority jobs first, then normal, then low (the queue's :high and :low "
+    "companions).",
 )
 @click.option(
     "--shard-timeout", type=int, default=defaults.SHARD_TIMEOUT, show_default=True, help="Seconds a shard may run."
@@ -49,6 +51,7 @@ from omlx_jobs.jobs.sharding import DEFAULT_SHARD_SIZE
 def submit(
     file: Path,
     model: str,
+    model_name: str | None,
     queue: str | None,
     skip_invalid: bool,
     wait: bool,
@@ -81,6 +84,7 @@ def submit(
                 shard_size=shard_size,
                 shard_timeout=shard_timeout,
                 images=images,
+                model_name=model_name,
             )
     except KeyboardInterrupt:
         fail("submit interrupted; nothing was queued and no job was kept", code=130)

@@ -15,14 +15,23 @@ import click
 
 from omlx_jobs import defaults
 from omlx_jobs.cli.common import connect_redis, fail, open_store
-from omlx_jobs.cli.options import Size, db_option, format_size, image_access, image_options, redis_option
-from omlx_jobs.cli.render import format_status, print_rejection, run_progress
+from omlx_jobs.cli.options import (
+    MODEL_NAME_HELP,
+    Size,
+    db_option,
+    format_size,
+    image_access,
+    image_options,
+    redis_option,
+)
+from omlx_jobs.cli.render import print_rejection, run_progress, status_lines
 
 
 def engine_options(fn: Any) -> Any:
     """--model and the engine's options (batch sizes, prefill step, caches, context length): worker and run."""
     opts = [
         click.option("--model", "-m", required=True, help="Model directory, Hugging Face id, or gguf:FILE.gguf."),
+        click.option("--model-name", help=MODEL_NAME_HELP),
         click.option(
             "--batch-size",
             default=defaults.BATCH_SIZE,
@@ -95,7 +104,11 @@ def load_engine(kw: dict[str, Any], images: Any = None) -> Any:
 
 @click.command("worker")
 @engine_options
-@click.option("--queue", help="Queue to serve (default omlx:<model>), with its :high and :low queues, high first.")
+@click.option(
+    "--queue",
+    help="Queue to serve (default: the model's keyed queue, and the one named after --model as spelled, for jobs "
+    "queued before queues were keyed), with its :high and :low queues, high first.",
+)
 @click.option("--burst", is_flag=True, help="Exit when its queues are empty.")
 @click.option(
     "--drain-timeout",
@@ -146,7 +159,13 @@ def worker(
         return
     qname = queue or queue_name(kw["model"])
     ctx = entry.WorkerContext(
-        store=store, engine=engine, redis=redis, queue=qname, drain_timeout=drain_timeout, images=images
+        store=store,
+        engine=engine,
+        redis=redis,
+        queue=qname,
+        drain_timeout=drain_timeout,
+        images=images,
+        model_name=kw["model_name"],
     )
     entry.install(ctx)
     click.echo(f"worker ready on {qname} (model {kw['model']})", err=True)
@@ -206,7 +225,9 @@ def run(
         if resume_job:
             job_id = resume_job
         else:
-            load = load_job(store, file, kw["model"], skip_invalid=skip_invalid, images=images)
+            load = load_job(
+                store, file, kw["model"], skip_invalid=skip_invalid, images=images, model_name=kw["model_name"]
+            )
             if load.rejected:
                 print_rejection(load)
                 sys.exit(2)
@@ -250,6 +271,6 @@ def run_local(store: Any, engine: Any, job_id: str) -> None:
             )
     status = lifecycle.finalize_if_done(store, job_id)
     summary = lifecycle.summarize(store.get_job(job_id), store.counts(job_id))
-    click.echo(format_status(summary), err=True)
+    click.echo("\n".join(status_lines(summary)), err=True)
     if status not in lifecycle.TERMINAL:
         click.echo(f"job {job_id} is {status}", err=True)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 
 import click
 
 from omlx_jobs.cli.common import client_errors, connect_redis, fail
 from omlx_jobs.cli.options import redis_option
-from omlx_jobs.cli.render import workers_table
+from omlx_jobs.cli.render import worker_lines
 
 
 @click.command("workers")
@@ -34,5 +33,5 @@ def list_live_workers(as_json: bool, redis_url: str | None) -> None:
     if not workers:
         click.echo("no live workers: start one with `omlx-jobs worker --model M`")
         return
-    for line in workers_table(workers, time.time()):
+    for line in worker_lines(workers):
         click.echo(line)

@@ -59,10 +59,12 @@ def submit(
     images: ImageAccess = NO_FILES,
     job_id: str | None = None,
     lease_seconds: float = defaults.SUBMIT_LEASE,
+    model_name: str | None = None,
 ) -> Submitted:
     """Validate and store the file in prefix order, cut it into shards and enqueue them on the queue of
     `priority`. Redis is checked first, so a down Redis leaves no job behind; if it fails midway, the job
-    stays 'validating' and `resume` enqueues it."""
+    stays 'validating' and `resume` enqueues it. `model_name`: the model's short name (`--model-name`, an
+    API alias); by default the model's stem (jobs/model_names.py)."""
     check_model(model)
     qname = with_priority(queue, priority) if queue else queue_name(model, priority)
     try:
@@ -83,6 +85,7 @@ def submit(
         images=images,
         job_id=job_id,
         lease_seconds=lease_seconds,
+        model_name=model_name if model_name != model else None,
     )
     if loaded.rejected:
         return Submitted(loaded, qname, [])
@@ -176,6 +179,20 @@ def cancel(store: Store, redis: Redis | None, job_id: str) -> str:
         # No worker holds a shard: nothing is in flight, so cancel what is left right away.
         store.cancel_pending(job_id)
     return lifecycle.finalize_if_done(store, job_id)
+
+
+def cancel_report(store: Store, redis: Redis | None, job_id: str) -> str:
+    """cancel(), said in a line: what was cancelled, or that nothing was (the job had ended already)."""
+    before = store.get_job(job_id).status
+    if before in lifecycle.TERMINAL:
+        return f"{job_id} is already {before}: nothing was cancelled"
+    status = cancel(store, redis, job_id)
+    counts = store.counts(job_id)
+    if status == lifecycle.CANCELLED:
+        return f"{job_id}: cancelled ({counts.cancelled} request(s) cancelled, {counts.completed} result(s) kept)"
+    if status in lifecycle.TERMINAL:
+        return f"{job_id} ended as {status} before the cancel: nothing was cancelled"
+    return f"{job_id}: {status} (running shards stop within a second; finished results are kept)"
 
 
 def retry(store: Store, redis: Redis, job_id: str, *, include_cancelled: bool = False) -> int:

@@ -7,6 +7,7 @@ import time
 import uuid
 from typing import Any
 
+from omlx_jobs.jobs.model_names import display_name
 from omlx_jobs.store import Store
 from omlx_jobs.store.db import JobCounts, JobInfo
 from omlx_jobs.store.shards import WorkerShare
@@ -83,6 +84,7 @@ def summarize(
         "id": job.id,
         "object": "batch",
         "model": job.model,
+        "model_name": job.model_name or display_name(job.model),
         "status": job.status,
         "input_file": job.input_file,
         "created_at": int(job.created_at),

@@ -12,6 +12,7 @@ from rq.serializers import JSONSerializer
 
 from omlx_jobs import defaults
 from omlx_jobs.errors import OmlxError
+from omlx_jobs.jobs.model_names import model_key
 
 DEFAULT_REDIS_URL = defaults.REDIS_URL
 SHARD_FUNC = "omlx_jobs.worker.entry.run_shard"
@@ -74,8 +75,24 @@ PRIORITIES = ("high", "normal", "low")
 
 
 def queue_name(model: str, priority: str = "normal") -> str:
-    """Workers serving `model` listen on this queue; submit and worker must name the model the same way."""
-    return with_priority(f"{QUEUE_PREFIX}{model}", priority)
+    """Workers serving `model` listen on this queue: `omlx:<key>`, the key a hash of the resolved model
+    (jobs/model_names.py), so that two spellings of one model meet on one queue."""
+    return with_priority(f"{QUEUE_PREFIX}{model_key(model)}", priority)
+
+
+def legacy_queue_name(model: str) -> str:
+    """The queue of `model` before queues were keyed (`omlx:<model as spelled>`): jobs queued then wait on it."""
+    return f"{QUEUE_PREFIX}{model}"
+
+
+def worker_queues(base: str, model: str) -> list[str]:
+    """The queues a worker of `model` on queue `base` listens on, highest priority first: base's three, and
+    when base is the model's keyed queue, the three queues its own spelling had before, each after its peer."""
+    queues = priority_queues(base)
+    legacy = legacy_queue_name(model)
+    if base != queue_name(model) or legacy == base:
+        return queues
+    return [q for pair in zip(queues, priority_queues(legacy), strict=True) for q in pair]
 
 
 def with_priority(base: str, priority: str) -> str:

@@ -17,6 +17,7 @@ from omlx_jobs.jobs import lifecycle
 from omlx_jobs.jobs.formats import NO_FILES, InputError, parse_stream
 from omlx_jobs.jobs.images import ImageAccess
 from omlx_jobs.jobs.lease import SubmitLease
+from omlx_jobs.jobs.model_names import display_name
 from omlx_jobs.jobs.sharding import DEFAULT_SHARD_SIZE, cut_shards, request_key
 from omlx_jobs.store import RequestStatus, Store
 from omlx_jobs.store.shards import END_KEY, ShardCut
@@ -118,11 +119,13 @@ def load_job(
     on_progress: Callable[[int], None] | None = None,
     images: ImageAccess = NO_FILES,
     lease_seconds: float = defaults.SUBMIT_LEASE,
+    model_name: str | None = None,
 ) -> LoadResult:
     """Create a job and its request rows from a JSONL stream, in prefix order, cut into shards; never holds
     the whole file in memory (the database sorts the keys).
 
-    `images` says where images in messages may come from (data: URIs only by default).
+    `images` says where images in messages may come from (data: URIs only by default); `model_name` is the
+    model's short name (default: derived from `model`, jobs/model_names.py).
 
     With bad lines and no `skip_invalid`, the job is marked failed with the errors and keeps no requests.
     If loading stops midway (Ctrl-C, a signal, an error), the job is removed again: none is left half-made.
@@ -136,8 +139,15 @@ def load_job(
     try:
         opts = {"skip_invalid": skip_invalid, **(options or {})}
         lease = SubmitLease(store, job_id, lease_seconds)
+        short = display_name(model, model_name)
         store.create_job(
-            job_id, model, queue=queue, input_file=name, options=opts, submit_lease_until=lease.first_until()
+            job_id,
+            model,
+            queue=queue,
+            input_file=name,
+            options=opts,
+            model_name=short,
+            submit_lease_until=lease.first_until(),
         )
         try:
             result = _load_rows(store, stream, job_id, skip_invalid, on_progress, images, lease)

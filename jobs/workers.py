@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 
 from redis import Redis
 
+from omlx_jobs.jobs.model_names import display_name
+
 WORKERS_SET = "omlx:workers"
 WORKER_KEY = "omlx:worker:"
 
@@ -23,6 +25,7 @@ class WorkerInfo:
 
     name: str
     model: str
+    """The model as the worker's --model spelled it (a path, a repo id): shown in details only."""
     queues: list[str] = field(default_factory=list)
     host: str = ""
     pid: int = 0
@@ -32,10 +35,23 @@ class WorkerInfo:
     shard: str | None = None
     """The running shard as FIRST-END positions of the job's prefix order."""
     tokens_per_second: float = 0.0
-    """Completion tokens per second over the last minute."""
+    """Generated tokens per second now (its engine's counters over the last ~20 s, jobs/live.py)."""
+    prompt_tokens_per_second: float = 0.0
+    """Prompt tokens computed (prefilled) per second now, the cached ones not counted."""
+    in_flight: int = 0
+    """Requests in its engine now: admitted, not finished."""
+    generated_tokens: int = 0
+    prefilled_tokens: int = 0
+    """Its engine's totals since it started."""
+    model_name: str = ""
+    """The model's short name (jobs/model_names.py); empty in records of older workers (derived then)."""
     requests_done: int = 0
     started_at: float = 0.0
     last_heartbeat: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.model_name:
+            self.model_name = display_name(self.model)
 
     def serves(self, queue: str) -> bool:
         return queue in self.queues
@@ -77,6 +93,16 @@ def list_workers(redis: Redis) -> list[WorkerInfo]:
 def serving(workers: Iterable[WorkerInfo], queue: str) -> list[WorkerInfo]:
     """The workers that listen on `queue`."""
     return [w for w in workers if w.serves(queue)]
+
+
+def served_models(redis: Redis) -> dict[str, str]:
+    """What live workers serve, by the names a batch may give: each worker's model string and its short name,
+    to the model string (the first worker's, by name, when two spell one name differently)."""
+    served: dict[str, str] = {}
+    for w in sorted(list_workers(redis), key=lambda w: w.name):
+        served.setdefault(w.model, w.model)
+        served.setdefault(w.model_name, w.model)
+    return served
 
 
 def _parse(raw: bytes | str) -> WorkerInfo | None:

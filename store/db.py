@@ -35,6 +35,7 @@ from omlx_jobs.store.models import FINAL_REQUEST_STATUSES, Request, RequestStatu
 from omlx_jobs.store.pending import PendingRequest, PendingStore
 from omlx_jobs.store.rows import CompletionRow
 from omlx_jobs.store.shards import ShardStore, in_shard
+from omlx_jobs.store.ticks import TickStore
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -72,9 +73,9 @@ UNSTORABLE = ErrorCode.UNSTORABLE_RESULT
 """The error code of a result the database refused (its data, not the database, was the problem)."""
 
 
-class Store(JobStore, ShardStore, PendingStore):
+class Store(JobStore, ShardStore, PendingStore, TickStore):
     """All reads and writes: jobs (JobStore), requests (here; pending ones as workers read them: PendingStore),
-    shards and shard runs (ShardStore)."""
+    shards and shard runs (ShardStore), live token counts (TickStore)."""
 
     def __init__(self, url: str, *, create: bool = True) -> None:
         self.url = url

@@ -22,6 +22,7 @@ _VALIDATING = "validating"  # jobs/lifecycle.py names the statuses; the store im
 class JobInfo:
     id: str
     model: str
+    model_name: str | None
     queue: str | None
     input_file: str | None
     status: str
@@ -84,12 +85,14 @@ class JobStore:
         options: dict[str, Any] | None = None,
         status: str = "validating",
         submit_lease_until: float | None = None,
+        model_name: str | None = None,
     ) -> None:
         with self.engine.begin() as conn:
             conn.execute(
                 insert(Job).values(
                     id=job_id,
                     model=model,
+                    model_name=model_name,
                     queue=queue,
                     input_file=input_file,
                     status=status,

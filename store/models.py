@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, LargeBinary, String, Text
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, LargeBinary, String, Text, func
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from omlx_jobs.store.textcodec import SafeText
@@ -33,6 +33,8 @@ class Job(Base):
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     model: Mapped[str] = mapped_column(String(1024))
+    # Its short name (jobs/model_names.py); NULL for jobs older than the column: the name is derived from `model`.
+    model_name: Mapped[str | None] = mapped_column(String(255), default=None)
     queue: Mapped[str | None] = mapped_column(String(1024), default=None)
     input_file: Mapped[str | None] = mapped_column(Text, default=None)
     status: Mapped[str] = mapped_column(String(32), index=True)
@@ -40,7 +42,7 @@ class Job(Base):
     # Submit-time validation errors, when the file was rejected (a bounded list of {line, field, message}).
     errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, default=None)
     options: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
-    created_at: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float, index=True)
     in_progress_at: Mapped[float | None] = mapped_column(Float, default=None)
     finalizing_at: Mapped[float | None] = mapped_column(Float, default=None)
     completed_at: Mapped[float | None] = mapped_column(Float, default=None)
@@ -68,6 +70,10 @@ class Request(Base):
         Index("ix_requests_job_idx", "job_id", "idx", unique=True),
         # Counts by status, and a shard's pending requests as one index range: (job, "pending", first..end).
         Index("ix_requests_job_status_key", "job_id", "status", "sort_key", "idx"),
+        # The page's requests table: one status, or one outcome (a finish reason or an error code), in input
+        # order as one index range; and a custom_id search (store/requests_page.py).
+        Index("ix_requests_job_status_idx", "job_id", "status", "idx"),
+        Index("ix_requests_job_custom_id", "job_id", "custom_id"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
@@ -99,6 +105,12 @@ class Request(Base):
     sort_key: Mapped[bytes | None] = mapped_column(LargeBinary, default=b"")  # never NULL in practice
     # The shard run (worker and model) that produced the result.
     run_id: Mapped[int | None] = mapped_column(Integer, default=None)
+
+
+outcome_expr = func.coalesce(Request.error_code, Request.finish_reason)
+"""How a request ended: its error code (failed; batch_expired for an expired batch's cancelled rows), else its
+finish reason (stop, length); NULL while pending and for a plain cancel."""
+Index("ix_requests_job_outcome_idx", Request.job_id, outcome_expr, Request.idx)
 
 
 class Shard(Base):

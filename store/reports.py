@@ -1,6 +1,7 @@
-"""Read-only queries for the web page and /metrics: throughput over time, first errors, totals.
+"""Read-only queries for the web page and /metrics: the job list, outcomes, token histograms, first errors,
+totals, and throughput over time for jobs without live counts (store/ticks.py has theirs).
 
-Everything is derived from the request rows' timestamps and token counts; nothing new is tracked.
+Each is one statement over an index range of one job (or of the listed jobs), never a scan of the table.
 """
 
 from __future__ import annotations
@@ -10,11 +11,24 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Integer, cast, func, select
+from sqlalchemy import Integer, cast, func, literal, or_, select, union_all
 
 from omlx_jobs.store import statements as st
 from omlx_jobs.store.errors import retrying
-from omlx_jobs.store.models import Job, Request, RequestStatus
+from omlx_jobs.store.jobs import JobInfo
+from omlx_jobs.store.models import Job, Request, RequestStatus, outcome_expr
+
+HISTOGRAM_STEP = 8
+"""Token counts are grouped in steps of this many in SQL; the page merges the steps into its bins."""
+_TOP = "\U0010ffff"
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    status: str | None = None
+    model: str | None = None
+    """A model's short name or its --model string."""
+    id_prefix: str | None = None
 
 
 @dataclass(frozen=True)
@@ -175,5 +189,87 @@ class Reports:
         with self.engine.connect() as conn:
             return [r[0] for r in conn.execute(select(Job.id).where(cond))]
 
+    @retrying
+    def jobs_page(self, where: JobFilter, *, before: tuple[float, str] | None = None, limit: int = 50) -> list[JobInfo]:
+        """Up to `limit` jobs matching `where`, newest first, older than `before` (created_at, id): an index
+        range of jobs.created_at (or of the id, searching)."""
+        stmt = select(Job.__table__)
+        if where.status:
+            stmt = stmt.where(Job.status == where.status)
+        if where.model:
+            stmt = stmt.where(or_(Job.model_name == where.model, Job.model == where.model))
+        if where.id_prefix:
+            stmt = stmt.where(Job.id >= where.id_prefix, Job.id < where.id_prefix + _TOP)
+        if before is not None:
+            at, job_id = before
+            stmt = stmt.where(or_(Job.created_at < at, (Job.created_at == at) & (Job.id < job_id)))
+        stmt = stmt.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
+        with self.engine.connect() as conn:
+            rows = conn.execute(stmt).mappings().all()
+        return [JobInfo(**{**dict(r), "options": r["options"] or {}}) for r in rows]
 
-__all__ = ["Bucket", "Reports", "bucket_seconds"]
+    @retrying
+    def job_models(self, recent: int = 500) -> list[str]:
+        """The short names of the models of the latest `recent` jobs (the job list's model filter)."""
+        latest = select(Job.model_name, Job.model).order_by(Job.created_at.desc()).limit(recent).subquery()
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(latest.c.model_name, latest.c.model).distinct()).all()
+        return sorted({r[0] or r[1] for r in rows})
+
+    @retrying
+    def status_counts(self, job_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+        """Requests by status of each job, from the (job_id, status, idx) index alone."""
+        if not job_ids:
+            return {}
+        stmt = (
+            select(Request.job_id, Request.status, func.count())
+            .where(Request.job_id.in_(list(job_ids)))
+            .group_by(Request.job_id, Request.status)
+        )
+        out: dict[str, dict[str, int]] = {j: {} for j in job_ids}
+        with self.engine.connect() as conn:
+            for job_id, status, n in conn.execute(stmt):
+                out[job_id][status] = int(n)
+        return out
+
+    @retrying
+    def outcomes(self, job_id: str) -> dict[str, int]:
+        """How the job's finished requests ended: finish reasons (stop, length) and error codes, with counts."""
+        stmt = (
+            select(outcome_expr, func.count())
+            .where(Request.job_id == job_id, outcome_expr.is_not(None))
+            .group_by(outcome_expr)
+        )
+        with self.engine.connect() as conn:
+            return {r[0]: int(r[1]) for r in conn.execute(stmt)}
+
+    @retrying
+    def token_steps(self, job_id: str) -> dict[str, dict[int, int]]:
+        """Completed requests by prompt tokens and by completion tokens, in steps of HISTOGRAM_STEP: {"prompt":
+        {step: count}, "completion": {...}} (one statement, two passes over the job's completed range)."""
+        done = (Request.job_id == job_id, Request.status == RequestStatus.COMPLETED)
+        parts = [
+            select(literal(kind).label("kind"), (cast(column, Integer) // HISTOGRAM_STEP).label("step"), func.count())
+            .where(*done, column.is_not(None))
+            .group_by("step")
+            for kind, column in (("prompt", Request.prompt_tokens), ("completion", Request.completion_tokens))
+        ]
+        out: dict[str, dict[int, int]] = {"prompt": {}, "completion": {}}
+        with self.engine.connect() as conn:
+            for kind, step, n in conn.execute(union_all(*parts)):
+                out[kind][int(step)] = int(n)
+        return out
+
+    @retrying
+    def sample_bodies(self, job_id: str, limit: int = 200) -> list[dict[str, Any]]:
+        """The bodies of the job's first `limit` requests (an idx range): what the ETA reads max_tokens from."""
+        stmt = (
+            select(Request.body)
+            .where(Request.job_id == job_id, Request.idx < limit, Request.body.is_not(None))
+            .order_by(Request.idx)
+        )
+        with self.engine.connect() as conn:
+            return [r[0] for r in conn.execute(stmt) if isinstance(r[0], dict)]
+
+
+__all__ = ["Bucket", "JobFilter", "Reports", "bucket_seconds"]

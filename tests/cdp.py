@@ -129,10 +129,20 @@ class Browser:
                 raise TimeoutError(f"{expression!r} stayed falsy; page text: {self.eval('document.body.innerText')!r}")
             self.pump(0.2)
 
-    def screenshot(self, path: Path) -> Path:
-        data = self.call("Page.captureScreenshot", {"format": "png"})["data"]
+    def screenshot(self, path: Path, *, full_page: bool = False) -> Path:
+        """A PNG of the viewport, or of the whole page (`full_page`, up to 6,000 px high)."""
+        params: dict[str, Any] = {"format": "png"}
+        if full_page:
+            size = self.call("Page.getLayoutMetrics")["cssContentSize"]
+            clip = {"x": 0, "y": 0, "width": size["width"], "height": min(size["height"], 6000), "scale": 1}
+            params.update(captureBeyondViewport=True, clip=clip)
+        data = self.call("Page.captureScreenshot", params)["data"]
         path.write_bytes(base64.b64decode(data))
         return path
+
+    def viewport(self, width: int, height: int) -> None:
+        self.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1,
+                                                         "mobile": False})  # fmt: skip
 
     def close(self) -> None:
         try:

@@ -17,6 +17,7 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 from omlx_jobs.api import ServeConfig
+from omlx_jobs.jobs.queue import queue_name
 from omlx_jobs.store import open_store
 from tests.api_harness import Clock, chat_line, live_server, openai_client, write_lines
 
@@ -211,8 +212,8 @@ def test_cancel_keeps_finished_results(env: Env, tiny_model_dir: Path) -> None:
         assert exc.value.status_code == 400 and "not served" in str(exc.value) and "line 1" in str(exc.value)
 
         env.worker("--batch-size", "1", burst=False)
-        from omlx_jobs.api.workers import served_models
         from omlx_jobs.jobs.queue import connect
+        from omlx_jobs.jobs.workers import served_models
 
         wait_for("the worker", lambda: str(tiny_model_dir) in served_models(connect(env.redis_url)), logs=env.logs())
         batch = create(client, f.id)
@@ -371,8 +372,8 @@ def test_expiry_stops_a_running_shard(env: Env, server: str) -> None:
     wait_for("3 results", lambda: env.store.counts(batch.id).completed >= 3, logs=env.logs(), poll=0.02)
     env.clock.advance(24 * 3600 + 1)
     assert client.batches.retrieve(batch.id).status == "expired"
-    from omlx_jobs.api.workers import list_workers
     from omlx_jobs.jobs.queue import connect
+    from omlx_jobs.jobs.workers import list_workers
 
     redis = connect(env.redis_url)
     wait_for("the worker to stop the shard", lambda: all(w.state == "idle" for w in list_workers(redis)), timeout=30)
@@ -399,8 +400,8 @@ def test_metrics_parse_with_prometheus_client(env: Env, server: str) -> None:
     value = {(s.name, tuple(sorted(s.labels.items()))): s.value for fam in families.values() for s in fam.samples}
     assert value[("omlx_requests_completed_total", ())] == 1
     assert value[("omlx_requests_pending", ())] == 3
-    assert value[("omlx_queue_depth", (("queue", f"omlx:{env.model}"),))] == 1
-    assert value[("omlx_tokens_per_second", (("kind", "prompt"),))] == pytest.approx(30 / 60)
+    assert value[("omlx_queue_depth", (("queue", queue_name(str(env.model))),))] == 1
+    assert value[("omlx_finished_tokens_per_second", (("kind", "prompt"),))] == pytest.approx(30 / 60)
     assert value[("omlx_cached_prompt_tokens_ratio", ())] == pytest.approx(20 / 30)
     assert value[("omlx_workers_alive", (("state", "idle"),))] == 0
     assert value[("omlx_jobs", (("status", "in_progress"),))] == 1

@@ -17,7 +17,6 @@ from omlx_jobs.api.errors import BadRequest, Forbidden, Unauthorized
 from omlx_jobs.api.ids import is_file_id, new_id
 from omlx_jobs.api.models import resolve_model, scan_file
 from omlx_jobs.api.uploads import safe_filename
-from omlx_jobs.api.workers import model_of_queue
 from omlx_jobs.store.batches import BatchInfo
 from omlx_jobs.store.db import JobCounts, JobInfo
 from omlx_jobs.store.reports import bucket_seconds
@@ -113,12 +112,6 @@ def test_ids_sort_by_creation_and_only_checked_ids_name_files() -> None:
     assert safe_filename("../../etc/pass\x00wd\n") == "passwd"
     assert safe_filename("C:\\Users\\me\\in.jsonl") == "in.jsonl"
     assert safe_filename("") == "upload.jsonl"
-
-
-def test_queue_names_give_models() -> None:
-    assert model_of_queue("omlx:gguf:/m/x.gguf") == "gguf:/m/x.gguf"
-    assert model_of_queue("omlx:mlx-community/Qwen3:high") == "mlx-community/Qwen3"
-    assert model_of_queue("default") is None
 
 
 def test_the_scan_finds_models_urls_and_lines(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import click
 import pytest
 
 from omlx_jobs.cli.options import format_size, parse_size
-from omlx_jobs.cli.render import format_status, jobs_table, workers_table
+from omlx_jobs.cli.render import job_lines, status_lines, worker_lines
 from omlx_jobs.jobs import lifecycle
 from omlx_jobs.store.jobs import JobCounts, JobInfo
 
@@ -35,27 +35,29 @@ def test_counts_done_are_the_requests_with_a_final_status() -> None:
 
 
 def test_status_text_shows_counts_tokens_prefix_and_a_missing_worker() -> None:
-    text = format_status(lifecycle.summarize(job(), counts(), now=1010.0, serving=0))
+    text = "\n".join(status_lines(lifecycle.summarize(job(), counts(), now=1010.0, serving=0)))
     lines = text.splitlines()
     assert lines[0] == "job        batch_1"
-    assert "requests   5 completed, 1 failed, 0 cancelled, 4 pending / 10 total (60%)" in lines
-    assert "tokens     prompt 338 (cached 183), completion 200" in lines
-    assert lines[-2].startswith("prefix     computed 155 / minimum 155 prompt tokens = 1.0x; cache hits 9")
+    assert "requests   5 completed, 1 failed, 0 cancelled, 4 pending / 10 total (60.0% done)" in lines
+    assert "tokens     prompt 338 (cached 183), completion 200 (finished requests)" in lines
+    assert lines[-2].startswith("prefix     computed 155 prompt tokens so far; minimum 155")
     assert lines[-1].startswith("waiting    no live worker serves omlx:m: start one with `omlx-jobs worker")
-    finished = format_status(lifecycle.summarize(job(status="completed"), counts(pending=0, completed=9), serving=0))
+    finished = "\n".join(
+        status_lines(lifecycle.summarize(job(status="completed"), counts(pending=0, completed=9), serving=0))
+    )
     assert "waiting" not in finished and "eta" not in finished
 
 
 def test_tables_have_one_line_per_row_under_a_header() -> None:
-    lines = jobs_table([(job(), counts())])
+    lines = job_lines([(job(), counts())])
     assert lines[0].split() == ["JOB", "STATUS", "DONE", "CREATED", "MODEL"]
-    assert lines[1].split()[:3] == ["batch_1", "in_progress", "6/10"]
+    assert lines[1].split()[:5] == ["batch_1", "in_progress", "5/10", "ok,", "1"]
     worker = SimpleNamespace(
-        name="w1", state="busy", tokens_per_second=12.34, requests_done=7, last_heartbeat=95.0, job_id="batch_1",
-        shard="0-10", model="m",
+        name="w1", state="busy", prompt_tokens_per_second=80.0, tokens_per_second=12.34, in_flight=3,
+        requests_done=7, last_heartbeat=95.0, job_id="batch_1", shard="0-10", model="/models/m", model_name="m",
     )  # fmt: skip
-    lines = workers_table([worker], now=100.0)
-    assert lines[1].split() == ["w1", "busy", "12.3", "7", "5s", "batch_1", "[0-10]", "m"]
+    lines = worker_lines([worker], now=100.0)
+    assert lines[1].split() == ["w1", "busy", "80.0", "12.3", "3", "7", "5s", "batch_1", "[0-10]", "m"]
 
 
 def test_sizes_read_back_as_written() -> None:

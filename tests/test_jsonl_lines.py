@@ -65,8 +65,9 @@ def _records(path: Path) -> list[dict[str, Any]]:
 def test_results_and_errors_files_split_into_one_line_per_record(
     tmp_path: Path, store: Store, tiny_loaded: Any
 ) -> None:
-    from omlx_jobs.worker.engine import Engine, EngineConfig
-    from omlx_jobs.worker.shard import run_shard
+    from omlx_jobs.worker.engine.config import EngineConfig
+    from omlx_jobs.worker.engine.loop import Engine
+    from omlx_jobs.worker.runtime.shard import run_shard
 
     job_id, ok_ids, error_ids = _job(tmp_path, store)
     run_shard(store, Engine(tiny_loaded, EngineConfig(completion_batch_size=4, prefill_batch_size=4)), job_id)
@@ -94,8 +95,9 @@ def test_api_output_files_split_into_one_line_per_record(
     from omlx_jobs.api.files import job_file_chunks
     from omlx_jobs.api.state import AppState
     from omlx_jobs.store.files import ERRORS, OUTPUT
-    from omlx_jobs.worker.engine import Engine, EngineConfig
-    from omlx_jobs.worker.shard import run_shard
+    from omlx_jobs.worker.engine.config import EngineConfig
+    from omlx_jobs.worker.engine.loop import Engine
+    from omlx_jobs.worker.runtime.shard import run_shard
 
     job_id, ok_ids, error_ids = _job(tmp_path, store)
     run_shard(store, Engine(tiny_loaded, EngineConfig(completion_batch_size=4, prefill_batch_size=4)), job_id)

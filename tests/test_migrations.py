@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 
+import pytest
 from sqlalchemy import create_engine, inspect, text
 
 from omlx_jobs.store import Store
@@ -105,6 +106,9 @@ def test_processes_opening_a_new_database_at_once_upgrade_it_once(store_url: str
         assert conn.execute(text("SELECT count(*) FROM alembic_version")).scalar() == 1
 
 
+# Alembic cannot reflect an expression index (requests' outcome index, 0005) and leaves it out of the comparison;
+# tests/test_store_pages.py checks that the planner uses it.
+@pytest.mark.filterwarnings("ignore:.*expression-based index")
 def test_the_migrated_schema_is_the_models_schema(store_url: str) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext

@@ -44,6 +44,10 @@ def test_wheel_holds_one_package_and_the_console_script(wheel: Path) -> None:
         "api/static/app.js",
         "api/static/app.css",
         "api/static/favicon.svg",
+        "api/static/uPlot.iife.min.js",  # vendored (api/static/VENDOR.txt): the page loads nothing from elsewhere
+        "api/static/uPlot.min.css",
+        "api/static/uPlot.LICENSE",
+        "store/migrations/versions/0006_live_ticks.py",
     ):
         assert f"omlx_jobs/{module}" in names
     assert not any(n.startswith(("tests/", "bench/", "omlx_jobs/tests/", "omlx_jobs/bench/")) for n in names)

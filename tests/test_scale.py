@@ -231,9 +231,9 @@ def test_status_says_when_no_live_worker_serves_the_model(tmp_path: Path, conn: 
     job = actions.submit(store, conn, chat_lines(tmp_path / "in.jsonl", 2), "some-model").load.job_id
     env = {"OMLX_JOBS_DB": str(tmp_path / "jobs.db"), "OMLX_JOBS_REDIS_URL": redis_url}
     code, out, _ = invoke(env, "status", job)
-    assert code == 0 and "no live worker serves omlx:some-model" in out
+    assert code == 0 and f"no live worker serves {queue_name('some-model')}:" in out
     assert json.loads(invoke(env, "status", job, "--json")[1])["live_workers"] == 0
-    publish(conn, WorkerInfo(name="w", model="some-model", queues=priority_queues("omlx:some-model")), 30)
+    publish(conn, WorkerInfo(name="w", model="some-model", queues=priority_queues(queue_name("some-model"))), 30)
     code, out, _ = invoke(env, "status", job)
     assert "no live worker" not in out
     assert json.loads(invoke(env, "status", job, "--json")[1])["live_workers"] == 1

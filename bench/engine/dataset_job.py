@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import io
 import json
 import os
@@ -62,31 +63,31 @@ def preset_prompts(name: str, vocab: int, scale: float, seed: int) -> tuple[list
 
 def _count_compiles() -> dict[str, int]:
     """Count the cascade decode path's graph builds (misses of its memo) from here on."""
-    from omlx_jobs.worker import cascade_decode
+    from omlx_jobs.worker.attention.options import Graphs
 
     counts = {"graphs": 0}
-    original = cascade_decode._memoised
+    original = Graphs.get
 
-    def counting(memo: dict[Any, Any], key: Any, build: Any) -> Any:
+    def counting(memo: dict[Any, Any], key: Any, build: Any, compiled: bool) -> Any:
         if key not in memo:
             counts["graphs"] += 1
-        return original(memo, key, build)
+        return original(memo, key, build, compiled)
 
-    cascade_decode._memoised = counting
+    Graphs.get = staticmethod(counting)  # type: ignore[method-assign]
     return counts
 
 
 def _count_steps() -> dict[str, int]:
-    from omlx_jobs.worker import backend
+    from omlx_jobs.worker.backend import decode
 
     counts = {"steps": 0}
-    original = backend.DecodeBatch.step
+    original = decode.DecodeBatch.step
 
     def step(self: Any) -> Any:
         counts["steps"] += 1
         return original(self)
 
-    backend.DecodeBatch.step = step  # type: ignore[method-assign]
+    decode.DecodeBatch.step = step  # type: ignore[method-assign]
     return counts
 
 
@@ -95,7 +96,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     from bench.engine.prefix import Workload, run_batch_generate, run_ours
     from bench.lib.models import load_bench_model
-    from omlx_jobs.worker.engine import EngineConfig
+    from omlx_jobs.defaults import Switches
+    from omlx_jobs.worker.engine.config import EngineConfig
 
     loaded = load_bench_model(args.model, dtype=args.dtype)
     mx.eval(loaded.model.parameters())
@@ -108,7 +110,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         ignore_eos=True,
         min_shared_tokens=args.min_shared_tokens,
         cache_memory=None,
-        cascade=args.child == "cascade",
+        switches=dataclasses.replace(Switches.from_env(), cascade=args.child == "cascade"),
     )
     compiles, steps = _count_compiles(), _count_steps()
     gpu = mx.default_device() == mx.gpu

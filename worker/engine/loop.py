@@ -28,7 +28,7 @@ from omlx_jobs.worker.engine import faults
 from omlx_jobs.worker.engine.config import EngineConfig
 from omlx_jobs.worker.engine.contract import Control, Hooks, ResultsHook
 from omlx_jobs.worker.engine.limits import check_context, max_new_tokens
-from omlx_jobs.worker.engine.results import Choice, PlanTotals, RequestFailure, RunStats
+from omlx_jobs.worker.engine.results import Choice, PlanTotals, RequestFailure, RunStats, TokenCounters
 from omlx_jobs.worker.engine.scheduler import Admission, Scheduler, Window
 from omlx_jobs.worker.engine.sequence import Collector, SequenceState, WorkItem
 from omlx_jobs.worker.engine.stopping import StopStrings, final_text
@@ -89,7 +89,7 @@ class Engine:
         self.warmups = WarmUps(
             self.backend, self.cache, self.disk, batch_size=cfg.prefill_batch_size, min_tokens=cfg.min_shared_tokens
         )
-        self.samplers = SamplerFactory()
+        self.samplers, self.live = SamplerFactory(), TokenCounters()  # live: read by status and heartbeats
         self.window = cfg.completion_batch_size + cfg.prefill_batch_size
         """Rows in flight at most: the decode batch plus one prefill batch."""
 
@@ -162,6 +162,7 @@ class Engine:
     def _loop(self, run: _Run) -> None:
         """Schedule -> step -> collect, until the work is done or control says stop."""
         while True:
+            self.live.observe(run.stats, self.warmups.stats.tokens, len(run.collector))
             mode = run.hooks.control()
             if mode in (Control.STOP, Control.CANCEL):
                 return

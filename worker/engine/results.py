@@ -112,3 +112,33 @@ class RunStats:
     cache_misses: int = 0
     cache_evictions: int = 0
     """Prefix-cache lookups and evictions during this run (the cache itself lives across runs)."""
+
+
+class TokenCounters:
+    """Tokens an engine prefilled and generated since it was made, and the requests in flight now: what the
+    live figures count (jobs/live.py reads them between steps and from the heartbeat thread).
+
+    The engine calls observe() once per loop iteration with its run's statistics (which start at zero each run)
+    and the warm-up tokens of the run so far; the counters add the runs up. Plain ints, set by one thread.
+    """
+
+    def __init__(self) -> None:
+        self.prefilled = 0
+        self.generated = 0
+        self.in_flight = 0
+        self._run: object | None = None
+        self._base = (0, 0)
+        self._last = (0, 0)
+
+    def observe(self, stats: RunStats, warmup_tokens: int, in_flight: int) -> None:
+        if stats is not self._run:  # a new run: the last one's final counts become the base
+            self._run = stats
+            self._base = (self._base[0] + self._last[0], self._base[1] + self._last[1])
+        self._last = (stats.prefill_tokens + warmup_tokens, stats.generation_tokens)
+        self.prefilled = self._base[0] + self._last[0]
+        self.generated = self._base[1] + self._last[1]
+        self.in_flight = in_flight
+
+    def snapshot(self) -> tuple[int, int, int]:
+        """(prefilled, generated, in flight)."""
+        return self.prefilled, self.generated, self.in_flight

@@ -6,7 +6,6 @@ in it (the model stays loaded between shards).
 
 from __future__ import annotations
 
-import collections
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +34,8 @@ class WorkerContext:
     """Set when the store fails (disk full, read-only): the worker stops taking work."""
     name: str | None = None
     """The RQ worker's name: recorded with every shard run (status --json lists who ran a job)."""
+    model_name: str | None = None
+    """The model's short name for `omlx-jobs workers` and the page (--model-name; default: derived)."""
     current: tuple[str, int, int] | None = None
     """The shard running now (job id, first, end position): `omlx-jobs workers` shows it."""
     last_shard: tuple[str, int] | None = None
@@ -44,7 +45,6 @@ class WorkerContext:
     requests_done: int = 0
     _drain_deadline: float | None = field(default=None, repr=False)
     _stop: bool = field(default=False, repr=False)
-    _recent: collections.deque[tuple[float, int]] = field(default_factory=collections.deque, repr=False)
 
     def request_drain(self) -> None:
         """Stop admitting; in-flight requests get drain_timeout seconds to finish, the rest go back to the queue."""
@@ -60,19 +60,8 @@ class WorkerContext:
         return self._stop or self._drain_deadline is not None
 
     def meter(self, requests: int, tokens: int) -> None:
-        """Count committed results and their completion tokens, for tokens_per_second."""
+        """Count committed results (tokens per second come from the engine's live counters, jobs/live.py)."""
         self.requests_done += requests
-        self._recent.append((time.monotonic(), tokens))
-
-    def tokens_per_second(self, window: float = 60.0) -> float:
-        """Completion tokens per second over the last `window` seconds."""
-        now = time.monotonic()
-        while self._recent and self._recent[0][0] < now - window:
-            self._recent.popleft()
-        if not self._recent:
-            return 0.0
-        span = max(now - self._recent[0][0], 1.0)
-        return sum(t for _, t in self._recent) / span
 
     def control(self) -> Control:
         """What the engine should do between steps (run, drain, stop)."""

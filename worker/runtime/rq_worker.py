@@ -27,7 +27,9 @@ from omlx_jobs import defaults
 from omlx_jobs.errors import OmlxError
 from omlx_jobs.jobs import actions, affinity
 from omlx_jobs.jobs import workers as live
-from omlx_jobs.jobs.queue import SHARD_FUNC, get_queue, priority_queues
+from omlx_jobs.jobs.live import RateMeter, counters_of
+from omlx_jobs.jobs.model_names import display_name
+from omlx_jobs.jobs.queue import SHARD_FUNC, get_queue, worker_queues
 from omlx_jobs.store import StoreError
 from omlx_jobs.worker.runtime.context import WorkerContext
 
@@ -58,6 +60,7 @@ class OmlxWorker(SimpleWorker):
         context.name = self.name
         context.on_shard = self.publish
         self._born = time.time()
+        self.rates = RateMeter()
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> Any:
         result = super().heartbeat(timeout, pipeline)
@@ -82,16 +85,22 @@ class OmlxWorker(SimpleWorker):
         """Refresh this worker's record for `omlx-jobs workers` (jobs/workers.py); never fails the loop."""
         ctx = self.context
         job_id, first, end = ctx.current or (None, None, None)
+        rates = self.rates.sample(counters_of(ctx.engine), busy=job_id is not None)
         info = live.WorkerInfo(
             name=self.name,
             model=ctx.engine.loaded.ref,
+            model_name=display_name(ctx.engine.loaded.ref, ctx.model_name),
             queues=[q.name for q in self.queues],
             host=socket.gethostname(),
             pid=os.getpid(),
             state="draining" if ctx.stopping else ("busy" if job_id else "idle"),
             job_id=job_id,
             shard=f"{first}-{end}" if job_id else None,
-            tokens_per_second=round(ctx.tokens_per_second(), 2),
+            tokens_per_second=rates.generated_tokens_per_second,
+            prompt_tokens_per_second=rates.prompt_tokens_per_second,
+            in_flight=rates.in_flight,
+            generated_tokens=rates.generated_tokens,
+            prefilled_tokens=rates.prefilled_tokens,
             requests_done=ctx.requests_done,
             started_at=self._born,
         )
@@ -187,7 +196,7 @@ class OmlxWorker(SimpleWorker):
         self.set_state(WorkerStatus.IDLE)
 
     def _beat(self, job: Job, queue: Queue, execution: Any, stop: threading.Event) -> None:
-        while not stop.wait(self.heartbeat_interval):
+        while not stop.wait(min(self.heartbeat_interval, defaults.LIVE_TICK_SECONDS)):  # live figures every few seconds
             try:
                 self.maintain_heartbeats(job, execution)
                 if not stop.is_set():
@@ -232,7 +241,7 @@ def serve(
         worker = None
         try:
             # Building the worker talks to Redis too (CLIENT SETNAME), so it sits inside the retry loop.
-            queues = [get_queue(redis, q) for q in priority_queues(queue_name)]
+            queues = [get_queue(redis, q) for q in worker_queues(queue_name, context.engine.loaded.ref)]
             worker = OmlxWorker(queues, connection=redis, context=context, heartbeat_ttl=heartbeat_ttl, name=name)
             worker.work(burst=burst, logging_level=logging.getLevelName(log.getEffectiveLevel()))
         except RedisError as exc:
@@ -267,7 +276,8 @@ def _between_loops(
     try:
         redis.ping()
         if burst and all(
-            _nothing_left(context, redis, q, grace=heartbeat_ttl / 2) for q in priority_queues(queue_name)
+            _nothing_left(context, redis, q, grace=heartbeat_ttl / 2)
+            for q in worker_queues(queue_name, context.engine.loaded.ref)
         ):
             return 0, delay
         delay = 1.0

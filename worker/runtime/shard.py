@@ -18,6 +18,7 @@ from omlx_jobs import defaults
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs import lifecycle
 from omlx_jobs.jobs.formats import SamplingParams
+from omlx_jobs.jobs.live import TickWriter, counters_of
 from omlx_jobs.jobs.params import OutputParams
 from omlx_jobs.jobs.sharding import UNIT
 from omlx_jobs.store import Store, StoreError
@@ -124,8 +125,9 @@ def run_shard(
     run_id = store.start_run(job_id, start, end, worker or local_worker_name(), engine.loaded.ref)
     where = (start, end, shard_row, run_id)
     run = ShardRun(store, engine, outcome, where, on_progress=on_progress, meter=meter, page_rows=page_rows)
+    ticks = TickWriter(store, counters_of(engine), job_id, worker or local_worker_name(), job.created_at)
     try:
-        run.run(control)
+        run.run(_ticking(control, ticks))
     except Exception as exc:
         with contextlib.suppress(Exception):  # the store may be what failed: keep the original error
             store.finish_run(run_id, "failed", f"{type(exc).__name__}: {exc}")
@@ -141,10 +143,22 @@ def run_shard(
                     MAX_SHARD_FAILURES,
                 )
         raise
+    finally:
+        ticks.close()
     store.finish_run(run_id, "stopped" if outcome.stopped else "done")
     lifecycle.finalize_if_done(store, job_id)
     log.info("shard %s[%s:%s]: %s", job_id, start, end, outcome.to_dict())
     return outcome
+
+
+def _ticking(control: Callable[[], Control] | None, ticks: TickWriter) -> Callable[[], Control]:
+    """The run's control, writing the live token counts first: the engine asks it once per step."""
+
+    def ask() -> Control:
+        ticks.maybe_tick()
+        return control() if control is not None else Control.RUN
+
+    return ask
 
 
 def local_worker_name() -> str:
