@@ -13,6 +13,7 @@ from omlx_jobs.api.ids import BATCH_PREFIX, is_job_id, new_id
 from omlx_jobs.api.models import resolve_model
 from omlx_jobs.api.state import AppState
 from omlx_jobs.api.tenants import EVERYONE, Tenant
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs import actions, lifecycle
 from omlx_jobs.jobs.formats import ENDPOINTS
 from omlx_jobs.jobs.queue import RedisUnavailable, cancel_queued
@@ -197,7 +198,7 @@ def create(state: AppState, body: dict[str, Any], tenant: Tenant = EVERYONE) -> 
                 f"line {line} of {file_id} has url {clip(url)!r} but the batch's endpoint is {endpoint!r}; every "
                 "line's url must be the batch's endpoint",
                 param="endpoint",
-                code="endpoint_mismatch",
+                code=ErrorCode.ENDPOINT_MISMATCH,
             )
     try:
         redis = state.redis
@@ -244,7 +245,9 @@ def create(state: AppState, body: dict[str, Any], tenant: Tenant = EVERYONE) -> 
 
 def _fail_job(state: AppState, job_id: str, message: str) -> None:
     try:
-        state.store.update_job(job_id, errors=[{"line": 0, "field": None, "code": "server_error", "message": message}])
+        state.store.update_job(
+            job_id, errors=[{"line": 0, "field": None, "code": ErrorCode.SERVER_ERROR, "message": message}]
+        )
         state.store.transition(job_id, lifecycle.FAILED, only_from=[lifecycle.VALIDATING, lifecycle.IN_PROGRESS])
     except Exception:
         log.exception("could not mark job %s failed", job_id)

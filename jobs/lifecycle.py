@@ -10,22 +10,23 @@ from typing import Any
 from omlx_jobs.jobs.model_names import display_name
 from omlx_jobs.store import Store
 from omlx_jobs.store.db import JobCounts, JobInfo
+from omlx_jobs.store.models import JobStatus
 from omlx_jobs.store.shards import WorkerShare
 
 log = logging.getLogger(__name__)
 
-VALIDATING = "validating"
-IN_PROGRESS = "in_progress"
-FINALIZING = "finalizing"
-COMPLETED = "completed"
-FAILED = "failed"
-CANCELLING = "cancelling"
-CANCELLED = "cancelled"
+VALIDATING = JobStatus.VALIDATING
+IN_PROGRESS = JobStatus.IN_PROGRESS
+FINALIZING = JobStatus.FINALIZING
+COMPLETED = JobStatus.COMPLETED
+FAILED = JobStatus.FAILED
+CANCELLING = JobStatus.CANCELLING
+CANCELLED = JobStatus.CANCELLED
 # A batch created through the API whose completion window passed before it finished (`serve` sweeps it):
 # its finished results are kept, the rest are cancelled with code batch_expired.
-EXPIRED = "expired"
+EXPIRED = JobStatus.EXPIRED
 
-STATUSES = (VALIDATING, IN_PROGRESS, FINALIZING, COMPLETED, FAILED, CANCELLING, CANCELLED, EXPIRED)
+STATUSES = tuple(JobStatus)
 TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED, EXPIRED})
 
 
