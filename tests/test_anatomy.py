@@ -25,9 +25,6 @@ LAYERS = {"store": 0, "jobs": 1, "worker": 2, "api": 2, "cli": 3, "bench": 3}
 MAX_FUNCTION_LINES = 60
 MAX_SUBPACKAGE_LINES = 1500
 BACKEND = "worker/backend/"
-TOO_LONG_TODAY = {"api/batches.py:create", "jobs/lifecycle.py:summarize", "jobs/submit.py:_load_rows"}
-"""Functions over the cap outside worker/, in files the other halves of issue 20 rewrite: split them after the
-merge and empty this set (test_the_known_long_functions_are_still_there keeps it honest)."""
 
 
 def tree(path: Path) -> ast.Module:
@@ -292,11 +289,7 @@ def test_worker_subpackages_stay_readable() -> None:
 
 
 def test_functions_stay_small() -> None:
-    assert set(long_functions(ROOT)) - TOO_LONG_TODAY == set(), f"functions over {MAX_FUNCTION_LINES} lines"
-
-
-def test_the_known_long_functions_are_still_there() -> None:
-    assert set(long_functions(ROOT)) >= TOO_LONG_TODAY, "one was split: take it off TOO_LONG_TODAY"
+    assert long_functions(ROOT) == [], f"functions over {MAX_FUNCTION_LINES} lines"
 
 
 def test_only_the_backend_touches_mlx_lm_internals() -> None:
