@@ -69,6 +69,8 @@ class ErrorCode(str, Enum):
     """The database refused the result's data (store/db.py)."""
     # Output lines of requests that never ran because their job was cancelled.
     BATCH_CANCELLED = "batch_cancelled"
+    # Requests of an API batch whose completion window passed before they ran (store/batches.py).
+    BATCH_EXPIRED = "batch_expired"
 
     def __str__(self) -> str:  # the value, as users see it (not "ErrorCode.X")
         return self.value

@@ -13,6 +13,7 @@ from omlx_jobs.api.ids import BATCH_PREFIX, is_job_id, new_id
 from omlx_jobs.api.models import resolve_model
 from omlx_jobs.api.state import AppState
 from omlx_jobs.api.tenants import EVERYONE, Tenant
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs import actions, lifecycle
 from omlx_jobs.jobs.formats import ENDPOINTS
 from omlx_jobs.jobs.queue import RedisUnavailable, cancel_queued
@@ -159,46 +160,8 @@ def create(state: AppState, body: dict[str, Any], tenant: Tenant = EVERYONE) -> 
     A file with bad lines gives a batch that is `failed` with errors.data[].line, as OpenAI's does; a model
     nothing serves, several models in one file, or a line whose url is not the endpoint is a 400 right here.
     """
-    unknown = sorted(set(body) - {"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"})
-    if unknown:
-        name = clip(unknown[0], 64)
-        raise BadRequest(f"unknown parameter {name!r}", param=name, code="unknown_parameter")
-    file_id = _required_str(body, "input_file_id")
-    endpoint = _required_str(body, "endpoint")
-    window = _required_str(body, "completion_window")
-    if endpoint not in ENDPOINTS:
-        raise BadRequest(
-            f"endpoint {clip(endpoint)!r} is not supported; use one of {', '.join(ENDPOINTS)}", param="endpoint"
-        )
-    if window not in COMPLETION_WINDOWS:
-        raise BadRequest(
-            f"completion_window must be one of {', '.join(COMPLETION_WINDOWS)}, got {clip(window)!r}",
-            param="completion_window",
-        )
-    meta = _metadata(body.get("metadata"))
-    out_ttl = None
-    if body.get("output_expires_after") is not None:
-        oea = body["output_expires_after"]
-        if not isinstance(oea, dict):
-            raise BadRequest(
-                "output_expires_after must be an object with anchor and seconds", param="output_expires_after"
-            )
-        out_ttl = files_api.ttl_seconds(oea.get("anchor"), oea.get("seconds"), "output_expires_after")
-
-    info = files_api.get_file(state, file_id, tenant)
-    if info.kind != INPUT or info.purpose != files_api.BATCH:
-        raise BadRequest(
-            f"file {file_id} has purpose {info.purpose!r}; a batch needs a purpose=batch file", param="input_file_id"
-        )
-    scan = info.scan or {}
-    for url, line in (scan.get("urls") or {}).items():
-        if url != endpoint:
-            raise BadRequest(
-                f"line {line} of {file_id} has url {clip(url)!r} but the batch's endpoint is {endpoint!r}; every "
-                "line's url must be the batch's endpoint",
-                param="endpoint",
-                code="endpoint_mismatch",
-            )
+    file_id, endpoint, window, meta, out_ttl = _checked_params(body)
+    scan = _checked_file(state, file_id, endpoint, tenant)
     try:
         redis = state.redis
         redis.ping()
@@ -242,9 +205,61 @@ def create(state: AppState, body: dict[str, Any], tenant: Tenant = EVERYONE) -> 
     return retrieve(state, job_id, tenant)
 
 
+def _checked_params(body: dict[str, Any]) -> tuple[str, str, str, dict[str, str] | None, int | None]:
+    """The create body's input_file_id, endpoint, completion_window, metadata and output TTL, or a 400."""
+    unknown = sorted(set(body) - {"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"})
+    if unknown:
+        name = clip(unknown[0], 64)
+        raise BadRequest(f"unknown parameter {name!r}", param=name, code="unknown_parameter")
+    file_id = _required_str(body, "input_file_id")
+    endpoint = _required_str(body, "endpoint")
+    window = _required_str(body, "completion_window")
+    if endpoint not in ENDPOINTS:
+        raise BadRequest(
+            f"endpoint {clip(endpoint)!r} is not supported; use one of {', '.join(ENDPOINTS)}", param="endpoint"
+        )
+    if window not in COMPLETION_WINDOWS:
+        raise BadRequest(
+            f"completion_window must be one of {', '.join(COMPLETION_WINDOWS)}, got {clip(window)!r}",
+            param="completion_window",
+        )
+    meta = _metadata(body.get("metadata"))
+    out_ttl = None
+    if body.get("output_expires_after") is not None:
+        oea = body["output_expires_after"]
+        if not isinstance(oea, dict):
+            raise BadRequest(
+                "output_expires_after must be an object with anchor and seconds", param="output_expires_after"
+            )
+        out_ttl = files_api.ttl_seconds(oea.get("anchor"), oea.get("seconds"), "output_expires_after")
+    return file_id, endpoint, window, meta, out_ttl
+
+
+def _checked_file(state: AppState, file_id: str, endpoint: str, tenant: Tenant) -> dict[str, Any]:
+    """The input file's upload scan (its models and urls), after checking that it is a batch file whose every line's
+    url is the batch's endpoint."""
+    info = files_api.get_file(state, file_id, tenant)
+    if info.kind != INPUT or info.purpose != files_api.BATCH:
+        raise BadRequest(
+            f"file {file_id} has purpose {info.purpose!r}; a batch needs a purpose=batch file", param="input_file_id"
+        )
+    scan = info.scan or {}
+    for url, line in (scan.get("urls") or {}).items():
+        if url != endpoint:
+            raise BadRequest(
+                f"line {line} of {file_id} has url {clip(url)!r} but the batch's endpoint is {endpoint!r}; every "
+                "line's url must be the batch's endpoint",
+                param="endpoint",
+                code=ErrorCode.ENDPOINT_MISMATCH,
+            )
+    return scan
+
+
 def _fail_job(state: AppState, job_id: str, message: str) -> None:
     try:
-        state.store.update_job(job_id, errors=[{"line": 0, "field": None, "code": "server_error", "message": message}])
+        state.store.update_job(
+            job_id, errors=[{"line": 0, "field": None, "code": ErrorCode.SERVER_ERROR, "message": message}]
+        )
         state.store.transition(job_id, lifecycle.FAILED, only_from=[lifecycle.VALIDATING, lifecycle.IN_PROGRESS])
     except Exception:
         log.exception("could not mark job %s failed", job_id)

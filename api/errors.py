@@ -6,6 +6,8 @@ from typing import Any, ClassVar
 
 from starlette.responses import JSONResponse
 
+from omlx_jobs.errors import ErrorCode
+
 MAX_ECHO_CHARS = 200
 
 
@@ -79,5 +81,5 @@ class Unavailable(ApiError):
 
 def server_error(message: str) -> JSONResponse:
     """A 500 that names what failed without a traceback."""
-    body = {"error": {"message": message, "type": "server_error", "param": None, "code": "server_error"}}
+    body = {"error": {"message": message, "type": "server_error", "param": None, "code": ErrorCode.SERVER_ERROR}}
     return JSONResponse(body, status_code=500)

@@ -21,6 +21,7 @@ from omlx_jobs.jobs.queue import QUEUE_PREFIX
 from omlx_jobs.jobs.throughput import RATE_WINDOW_SECONDS as LIVE_WINDOW
 from omlx_jobs.jobs.throughput import STALE_SECONDS, Current, current
 from omlx_jobs.jobs.workers import WorkerInfo, list_workers
+from omlx_jobs.store.models import FINAL_REQUEST_STATUSES, RequestStatus
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +36,12 @@ class StoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         reports = self.state.reports
         totals = reports.request_totals()
-        for status in ("completed", "failed", "cancelled"):
+        for status in FINAL_REQUEST_STATUSES:
             c = CounterMetricFamily(f"omlx_requests_{status}", f"Requests {status}, over every job in the store.")
             c.add_metric([], totals.get(status, 0))
             yield c
         pending = GaugeMetricFamily("omlx_requests_pending", "Requests waiting or running, over every job.")
-        pending.add_metric([], totals.get("pending", 0))
+        pending.add_metric([], totals.get(RequestStatus.PENDING, 0))
         yield pending
 
         jobs = reports.job_totals()

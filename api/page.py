@@ -21,6 +21,7 @@ from omlx_jobs.jobs.progress import job_status as status_of
 from omlx_jobs.jobs.workers import list_workers
 from omlx_jobs.store.db import JobCounts, JobInfo
 from omlx_jobs.store.errors import JobNotFound
+from omlx_jobs.store.models import RequestStatus
 from omlx_jobs.store.reports import HISTOGRAM_STEP, JobFilter
 
 JOBS_PAGE = 50
@@ -130,7 +131,7 @@ def _status_counts(state: AppState, jobs: list[JobInfo]) -> dict[str, dict[str, 
 
 def _job_row(job: JobInfo, by_status: dict[str, int], now: float) -> dict[str, Any]:
     total = sum(by_status.values())
-    c = {s: by_status.get(s, 0) for s in ("completed", "failed", "cancelled", "pending")}
+    c = {s: by_status.get(s, 0) for s in RequestStatus}
     done = c["completed"] + c["failed"] + c["cancelled"]
     counts = JobCounts(total, c["pending"], c["completed"], c["failed"], c["cancelled"], 0, 0, 0, None, None)
     return {

@@ -20,6 +20,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 
 from omlx_jobs.api.errors import BadRequest, InsufficientStorage, TooLarge, Unprocessable, clip
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.lines import MAX_LINE_BYTES
 
 MAX_FIELD_BYTES = 4096
@@ -179,7 +180,7 @@ def check_line_lengths(up: Upload, chunk: bytes) -> None:
                 f"line {line} of the file is over {MAX_LINE_BYTES:,} bytes, the limit of one line (as `submit` "
                 "has); put large images in files or URLs rather than data: URIs, or shorten the line",
                 param="file",
-                code="line_too_long",
+                code=ErrorCode.LINE_TOO_LONG,
             )
         if nl < 0:
             up.line_bytes += len(chunk) - start

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.errors import BadValue, check_text, describe, shown
 
 MAX_METADATA_PAIRS = 16
@@ -18,23 +19,25 @@ MAX_METADATA_PAIRS = 16
 
 def _string(name: str, value: Any) -> None:
     if not isinstance(value, str):
-        raise BadValue("invalid_type", name, f"must be a string, got {describe(value)}")
+        raise BadValue(ErrorCode.INVALID_TYPE, name, f"must be a string, got {describe(value)}")
     check_text(value, name)
 
 
 def _metadata(name: str, value: Any) -> None:
     if not isinstance(value, dict):
-        raise BadValue("invalid_type", name, f"must be an object of string values, got {describe(value)}")
+        raise BadValue(ErrorCode.INVALID_TYPE, name, f"must be an object of string values, got {describe(value)}")
     if len(value) > MAX_METADATA_PAIRS:
-        raise BadValue("out_of_range", name, f"holds {len(value)} pairs; at most {MAX_METADATA_PAIRS} are allowed")
+        raise BadValue(
+            ErrorCode.OUT_OF_RANGE, name, f"holds {len(value)} pairs; at most {MAX_METADATA_PAIRS} are allowed"
+        )
     for k, v in value.items():
         if not isinstance(v, str):
-            raise BadValue("invalid_type", f"{name}.{k}", f"metadata values must be strings, got {describe(v)}")
+            raise BadValue(ErrorCode.INVALID_TYPE, f"{name}.{k}", f"metadata values must be strings, got {describe(v)}")
 
 
 def _object(name: str, value: Any) -> None:
     if not isinstance(value, dict):
-        raise BadValue("invalid_type", name, f"must be an object, got {describe(value)}")
+        raise BadValue(ErrorCode.INVALID_TYPE, name, f"must be an object, got {describe(value)}")
 
 
 def _only(*allowed: Any, why: str) -> Callable[[str, Any], None]:
@@ -44,7 +47,9 @@ def _only(*allowed: Any, why: str) -> Callable[[str, Any], None]:
         if not any(value == a and type(value) is type(a) for a in allowed):
             accepted = " or ".join(shown(a) for a in allowed)
             raise BadValue(
-                "unsupported_parameter", name, f"{shown(value)} is not supported: {why}; remove it or use {accepted}"
+                ErrorCode.UNSUPPORTED_PARAMETER,
+                name,
+                f"{shown(value)} is not supported: {why}; remove it or use {accepted}",
             )
 
     return check
@@ -52,14 +57,14 @@ def _only(*allowed: Any, why: str) -> Callable[[str, Any], None]:
 
 def _unsupported(why: str) -> Callable[[str, Any], None]:
     def check(name: str, value: Any) -> None:
-        raise BadValue("unsupported_parameter", name, f"{why}; remove it or set it to null")
+        raise BadValue(ErrorCode.UNSUPPORTED_PARAMETER, name, f"{why}; remove it or set it to null")
 
     return check
 
 
 def _bool(name: str, value: Any) -> None:
     if not isinstance(value, bool):
-        raise BadValue("invalid_type", name, f"must be true or false, got {describe(value)}")
+        raise BadValue(ErrorCode.INVALID_TYPE, name, f"must be true or false, got {describe(value)}")
 
 
 _NO_TOOLS = "this server does not call tools or functions"

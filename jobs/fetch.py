@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.images import ImageAccess, ImageSourceError, read_capped
 
 MAX_REDIRECTS = 5
@@ -61,13 +62,15 @@ def _target(url: str) -> _Target:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
-        raise ImageSourceError("image_unreachable", f"{_what(url)}: a redirect to {scheme or 'no'}: is not followed")
+        raise ImageSourceError(
+            ErrorCode.IMAGE_UNREACHABLE, f"{_what(url)}: a redirect to {scheme or 'no'}: is not followed"
+        )
     try:
         port = parts.port or (443 if scheme == "https" else 80)
     except ValueError:
-        raise ImageSourceError("invalid_image_url", f"{_what(url)} has an invalid port") from None
+        raise ImageSourceError(ErrorCode.INVALID_IMAGE_URL, f"{_what(url)} has an invalid port") from None
     if not parts.hostname:
-        raise ImageSourceError("invalid_image_url", f"{_what(url)} has no host name")
+        raise ImageSourceError(ErrorCode.INVALID_IMAGE_URL, f"{_what(url)} has no host name")
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return _Target(url, scheme, parts.hostname, port, path)
 
@@ -84,7 +87,7 @@ def _checked_addresses(target: _Target, access: ImageAccess, deadline: float) ->
             allowed.append(address)
     if not allowed:
         raise ImageSourceError(
-            "image_host_not_allowed",
+            ErrorCode.IMAGE_HOST_NOT_ALLOWED,
             f"{_what(target.url)}: {target.host} resolves to a loopback, private, link-local or reserved address, "
             "which remote images may not reach; allow the host with --allow-remote-hosts (on the worker) if it is "
             "meant to be fetched",
@@ -145,10 +148,13 @@ def _answer(
             raise _failed(target.url, f"HTTP {response.status} without a Location")
         return b"", location
     if response.status != 200:
-        raise ImageSourceError("image_unreachable", f"{_what(target.url)}: the fetch failed (HTTP {response.status})")
+        raise ImageSourceError(
+            ErrorCode.IMAGE_UNREACHABLE, f"{_what(target.url)}: the fetch failed (HTTP {response.status})"
+        )
     if response.length is not None and response.length > access.max_bytes:  # its Content-Length, parsed
         raise ImageSourceError(
-            "image_too_large", f"{_what(target.url)} is {response.length:,} bytes, over {access.max_bytes:,} bytes"
+            ErrorCode.IMAGE_TOO_LARGE,
+            f"{_what(target.url)} is {response.length:,} bytes, over {access.max_bytes:,} bytes",
         )
     try:
         body = read_capped(_Reader(response), access.max_bytes, _what(target.url))
@@ -220,7 +226,7 @@ def _failed(url: str, why: str = "") -> ImageSourceError:
     """One text for every way the network can fail (no answer, refused, reset, TLS, the deadline), so it tells
     nothing about what listens where; `why` only for what we decided ourselves (a redirect count)."""
     return ImageSourceError(
-        "image_unreachable",
+        ErrorCode.IMAGE_UNREACHABLE,
         f"{_what(url)}: the fetch failed{f' ({why})' if why else ''}; check that the URL serves "
         "the image within the remote image deadline",
     )

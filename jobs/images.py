@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import unquote, urlsplit
 
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs import beneath
 from omlx_jobs.jobs.remote_hosts import RemoteHosts, literal_address
 
@@ -35,13 +36,13 @@ MEDIA_TYPES = {"image/png": "PNG", "image/jpeg": "JPEG", "image/jpg": "JPEG", "i
 # Codes a bad image reference can carry (at submit, or per request in the worker).
 IMAGE_SOURCE_CODES = frozenset(
     {
-        "invalid_image_url",
-        "invalid_image",
-        "image_too_large",
-        "image_not_found",
-        "image_path_not_allowed",
-        "remote_images_disabled",
-        "image_host_not_allowed",
+        ErrorCode.INVALID_IMAGE_URL,
+        ErrorCode.INVALID_IMAGE,
+        ErrorCode.IMAGE_TOO_LARGE,
+        ErrorCode.IMAGE_NOT_FOUND,
+        ErrorCode.IMAGE_PATH_NOT_ALLOWED,
+        ErrorCode.REMOTE_IMAGES_DISABLED,
+        ErrorCode.IMAGE_HOST_NOT_ALLOWED,
     }
 )
 
@@ -51,7 +52,7 @@ _DATA_URI = re.compile(r"data:([\w.+-]+/[\w.+-]+)((?:;[\w.+-]+=[\w.+-]+)*)(;base
 class ImageSourceError(Exception):
     """A reference to an image that cannot be used: `code` is one of IMAGE_SOURCE_CODES, `message` says what to do."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -125,23 +126,26 @@ def classify(url: str, access: ImageAccess) -> ImageSource:
     if scheme in ("http", "https"):
         if not access.allow_remote:
             raise ImageSourceError(
-                "remote_images_disabled",
+                ErrorCode.REMOTE_IMAGES_DISABLED,
                 "remote image URLs are off; pass --allow-remote-images to fetch them, or send the image as a "
                 "data: URI or a file under --allow-files-from",
             )
         host = urlsplit(url).hostname
         if not host:
-            raise ImageSourceError("invalid_image_url", f"{_short(url)} has no host name")
+            raise ImageSourceError(ErrorCode.INVALID_IMAGE_URL, f"{_short(url)} has no host name")
         _check_literal_host(url, host, access)
         return RemoteImage(url)
     if scheme == "file":
         parts = urlsplit(url)
         if parts.netloc not in ("", "localhost"):
-            raise ImageSourceError("invalid_image_url", "file:// URLs must name a local file (file:///path/to/img.png)")
+            raise ImageSourceError(
+                ErrorCode.INVALID_IMAGE_URL, "file:// URLs must name a local file (file:///path/to/img.png)"
+            )
         return FileImage(confine(unquote(parts.path), access))
     if scheme:
         raise ImageSourceError(
-            "invalid_image_url", f"URL scheme {scheme!r} is not supported; use data:, file://, a path, or http(s)"
+            ErrorCode.INVALID_IMAGE_URL,
+            f"URL scheme {scheme!r} is not supported; use data:, file://, a path, or http(s)",
         )
     return FileImage(confine(url, access))
 
@@ -153,7 +157,7 @@ def _check_literal_host(url: str, host: str, access: ImageAccess) -> None:
         address = literal_address("127.0.0.1")
     if address is not None and not access.remote_hosts.allows(host, address):
         raise ImageSourceError(
-            "image_host_not_allowed",
+            ErrorCode.IMAGE_HOST_NOT_ALLOWED,
             f"{_short(url)} names a loopback, private, link-local or reserved address, which remote images may "
             "not reach; allow it with --allow-remote-hosts (on submit and the worker) if it is meant to be fetched",
         )
@@ -163,36 +167,36 @@ def confine(path: str, access: ImageAccess) -> Path:
     """The real path of `path` (symlinks and `..` resolved) if it is a regular file inside an allowed folder."""
     if not access.allowed_dirs:
         raise ImageSourceError(
-            "image_path_not_allowed",
+            ErrorCode.IMAGE_PATH_NOT_ALLOWED,
             "local image files are off; pass --allow-files-from DIR (on submit, run and worker) for the folder "
             "that holds them, or send the image as a data: URI",
         )
     if "\x00" in path:
-        raise ImageSourceError("invalid_image_url", "the path holds a NUL byte")
+        raise ImageSourceError(ErrorCode.INVALID_IMAGE_URL, "the path holds a NUL byte")
     if not os.path.isabs(path):
         raise ImageSourceError(
-            "invalid_image_url", f"{_short(path)} is a relative path; give an absolute path or a file:// URL"
+            ErrorCode.INVALID_IMAGE_URL, f"{_short(path)} is a relative path; give an absolute path or a file:// URL"
         )
     try:
         real = Path(path).resolve(strict=True)
     except FileNotFoundError:
-        raise ImageSourceError("image_not_found", f"{_short(path)} does not exist") from None
+        raise ImageSourceError(ErrorCode.IMAGE_NOT_FOUND, f"{_short(path)} does not exist") from None
     except (OSError, RuntimeError) as exc:  # a symlink loop, a permission error on a parent
-        raise ImageSourceError("image_not_found", f"{_short(path)} cannot be resolved: {exc}") from None
+        raise ImageSourceError(ErrorCode.IMAGE_NOT_FOUND, f"{_short(path)} cannot be resolved: {exc}") from None
     if not any(real.is_relative_to(d) for d in access.allowed_dirs):
         shown = ", ".join(str(d) for d in access.allowed_dirs)
         via = f" (it resolves to {real})" if str(real) != os.path.normpath(path) else ""
         raise ImageSourceError(
-            "image_path_not_allowed",
+            ErrorCode.IMAGE_PATH_NOT_ALLOWED,
             f"{_short(path)}{via} is outside the allowed folders ({shown}); move it there or allow its folder "
             "with --allow-files-from",
         )
     try:
         mode = real.stat().st_mode
     except OSError as exc:
-        raise ImageSourceError("image_not_found", f"{_short(path)} cannot be read: {exc}") from None
+        raise ImageSourceError(ErrorCode.IMAGE_NOT_FOUND, f"{_short(path)} cannot be read: {exc}") from None
     if not stat.S_ISREG(mode):
-        raise ImageSourceError("invalid_image", f"{_short(path)} is not a regular file")
+        raise ImageSourceError(ErrorCode.INVALID_IMAGE, f"{_short(path)} is not a regular file")
     return real
 
 
@@ -204,15 +208,17 @@ def open_confined(source: FileImage, access: ImageAccess) -> IO[bytes]:
     try:
         fd = beneath.open_beneath(folder, path.relative_to(folder))
     except beneath.NotAFile:
-        raise ImageSourceError("invalid_image", f"{_short(str(path))} is not a regular file") from None
+        raise ImageSourceError(ErrorCode.INVALID_IMAGE, f"{_short(str(path))} is not a regular file") from None
     except beneath.EscapeRefused as exc:
         raise ImageSourceError(
-            "image_path_not_allowed",
+            ErrorCode.IMAGE_PATH_NOT_ALLOWED,
             f"{_short(str(path))} was not opened: {exc.strerror} (inside --allow-files-from folders, links are "
             "resolved only by the check before, never while opening, and mounts inside them are not crossed)",
         ) from None
     except OSError as exc:
-        raise ImageSourceError("image_not_found", f"{_short(str(path))} cannot be opened: {exc.strerror}") from None
+        raise ImageSourceError(
+            ErrorCode.IMAGE_NOT_FOUND, f"{_short(str(path))} cannot be opened: {exc.strerror}"
+        ) from None
     return os.fdopen(fd, "rb")
 
 
@@ -227,7 +233,7 @@ def read_capped(stream: IO[bytes], max_bytes: int, what: str) -> bytes:
     data = stream.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ImageSourceError(
-            "image_too_large", f"{_short(what)} is over {max_bytes:,} bytes; send a smaller or re-encoded image"
+            ErrorCode.IMAGE_TOO_LARGE, f"{_short(what)} is over {max_bytes:,} bytes; send a smaller or re-encoded image"
         )
     return data
 
@@ -249,40 +255,45 @@ def check_format(data: bytes, what: str) -> str:
     """The format of `data`, or ImageSourceError (invalid_image) naming the formats accepted."""
     kind = sniff(data)
     if kind is None:
-        raise ImageSourceError("invalid_image", f"{_short(what)} is not a PNG, JPEG, WebP or GIF image")
+        raise ImageSourceError(ErrorCode.INVALID_IMAGE, f"{_short(what)} is not a PNG, JPEG, WebP or GIF image")
     return kind
 
 
 def _data_image(url: str, max_bytes: int) -> DataImage:
     m = _DATA_URI.match(url)
     if not m:
-        raise ImageSourceError("invalid_image_url", "a data URI must look like data:image/png;base64,<base64 data>")
+        raise ImageSourceError(
+            ErrorCode.INVALID_IMAGE_URL, "a data URI must look like data:image/png;base64,<base64 data>"
+        )
     media_type = m.group(1).lower()
     if media_type not in MEDIA_TYPES:
         raise ImageSourceError(
-            "invalid_image_url",
+            ErrorCode.INVALID_IMAGE_URL,
             f"data URI media type {media_type!r} is not supported; use image/png, image/jpeg, image/webp or image/gif",
         )
     if not m.group(3):
-        raise ImageSourceError("invalid_image_url", "the data URI must be base64-encoded (data:image/png;base64,...)")
+        raise ImageSourceError(
+            ErrorCode.INVALID_IMAGE_URL, "the data URI must be base64-encoded (data:image/png;base64,...)"
+        )
     payload = url[m.end() :]
     if len(payload) // 4 * 3 > max_bytes + 2:  # judged before decoding: base64 is 4 characters per 3 bytes
         raise ImageSourceError(
-            "image_too_large", f"the image is over {max_bytes:,} bytes; send a smaller or re-encoded image"
+            ErrorCode.IMAGE_TOO_LARGE, f"the image is over {max_bytes:,} bytes; send a smaller or re-encoded image"
         )
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         raise ImageSourceError(
-            "invalid_image_url",
+            ErrorCode.INVALID_IMAGE_URL,
             "the data URI's base64 data is invalid (only A-Z a-z 0-9 + / and = padding; no spaces or newlines)",
         ) from None
     if len(data) > max_bytes:
         raise ImageSourceError(
-            "image_too_large", f"the image is {len(data):,} bytes, over {max_bytes:,} bytes; send a smaller image"
+            ErrorCode.IMAGE_TOO_LARGE,
+            f"the image is {len(data):,} bytes, over {max_bytes:,} bytes; send a smaller image",
         )
     if not data:
-        raise ImageSourceError("invalid_image", "the data URI holds no data")
+        raise ImageSourceError(ErrorCode.INVALID_IMAGE, "the data URI holds no data")
     return DataImage(media_type, data)
 
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from omlx_jobs import defaults
-from omlx_jobs.errors import OmlxError
+from omlx_jobs.errors import ErrorCode, OmlxError
 from omlx_jobs.store import Store
 
 INTERRUPTED_MESSAGE = (
@@ -71,5 +71,11 @@ class SubmitLease:
 def fail_interrupted(store: Store, job_id: str, now: float | None = None) -> int | None:
     """Fail `job_id` if it is validating with its lease passed (or without one); returns how many requests its
     submit had stored, or None if it is not such a job (a live submit, or one that finished storing)."""
-    error = {"line": 0, "field": None, "custom_id": None, "code": "server_error", "message": INTERRUPTED_MESSAGE}
+    error = {
+        "line": 0,
+        "field": None,
+        "custom_id": None,
+        "code": ErrorCode.SERVER_ERROR,
+        "message": INTERRUPTED_MESSAGE,
+    }
     return store.fail_lapsed_submit(job_id, time.time() if now is None else now, error)

@@ -10,22 +10,23 @@ from typing import Any
 from omlx_jobs.jobs.model_names import display_name
 from omlx_jobs.store import Store
 from omlx_jobs.store.db import JobCounts, JobInfo
+from omlx_jobs.store.models import JobStatus
 from omlx_jobs.store.shards import WorkerShare
 
 log = logging.getLogger(__name__)
 
-VALIDATING = "validating"
-IN_PROGRESS = "in_progress"
-FINALIZING = "finalizing"
-COMPLETED = "completed"
-FAILED = "failed"
-CANCELLING = "cancelling"
-CANCELLED = "cancelled"
+VALIDATING = JobStatus.VALIDATING
+IN_PROGRESS = JobStatus.IN_PROGRESS
+FINALIZING = JobStatus.FINALIZING
+COMPLETED = JobStatus.COMPLETED
+FAILED = JobStatus.FAILED
+CANCELLING = JobStatus.CANCELLING
+CANCELLED = JobStatus.CANCELLED
 # A batch created through the API whose completion window passed before it finished (`serve` sweeps it):
 # its finished results are kept, the rest are cancelled with code batch_expired.
-EXPIRED = "expired"
+EXPIRED = JobStatus.EXPIRED
 
-STATUSES = (VALIDATING, IN_PROGRESS, FINALIZING, COMPLETED, FAILED, CANCELLING, CANCELLED, EXPIRED)
+STATUSES = tuple(JobStatus)
 TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED, EXPIRED})
 
 
@@ -72,14 +73,11 @@ def summarize(
     on the job's queue (None when Redis was not asked).
     """
     now = time.time() if now is None else now
-    done = counts.done
     start = counts.first_started_at
     end = counts.last_finished_at if counts.pending == 0 and counts.last_finished_at else now
     elapsed = max(end - start, 1e-9) if start else 0.0
     rate = counts.completed / elapsed if elapsed and counts.completed else 0.0
-    tok_rate = counts.completion_tokens / elapsed if elapsed else 0.0
     eta = counts.pending / rate if rate and counts.pending and job.status not in TERMINAL else None
-    efficiency = job.prefill_tokens / job.trie_min_tokens if job.trie_min_tokens else None
     return {
         "id": job.id,
         "object": "batch",
@@ -99,42 +97,53 @@ def summarize(
             "cancelled": counts.cancelled,
             "pending": counts.pending,
         },
-        "progress": done / counts.total if counts.total else (1.0 if job.status in TERMINAL else 0.0),
-        "usage": {
-            "prompt_tokens": counts.prompt_tokens,
-            "completion_tokens": counts.completion_tokens,
-            "total_tokens": counts.prompt_tokens + counts.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": counts.cached_tokens},
-        },
+        "progress": counts.done / counts.total if counts.total else (1.0 if job.status in TERMINAL else 0.0),
+        "usage": _usage(counts),
         "throughput": {
             "requests_per_second": round(rate, 3),
-            "completion_tokens_per_second": round(tok_rate, 2),
+            "completion_tokens_per_second": round(counts.completion_tokens / elapsed if elapsed else 0.0, 2),
             "elapsed_seconds": round(elapsed, 2),
         },
         "eta_seconds": round(eta, 1) if eta is not None else None,
-        "prefix": {
-            "prefill_tokens_computed": job.prefill_tokens,
-            "trie_min_tokens": job.trie_min_tokens,
-            "efficiency": round(efficiency, 4) if efficiency is not None else None,
-            "cache_hits": job.cache_hits,
-            "cache_misses": job.cache_misses,
-            "cache_evictions": job.cache_evictions,
-            "cache_peak_bytes": job.cache_peak_bytes,
-        },
+        "prefix": _prefix(job),
         "errors": job.errors,
         "priority": job.options.get("priority", "normal"),
         "queue": job.queue,
-        "workers": [
-            {
-                "worker": w.worker,
-                "model": w.model,
-                "completed": w.completed,
-                "failed": w.failed,
-                "shard_runs": w.shard_runs,
-            }
-            for w in workers or []
-        ],
+        "workers": [_worker(w) for w in workers or []],
         "live_workers": serving,
+    }
+
+
+def _usage(counts: JobCounts) -> dict[str, Any]:
+    return {
+        "prompt_tokens": counts.prompt_tokens,
+        "completion_tokens": counts.completion_tokens,
+        "total_tokens": counts.prompt_tokens + counts.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": counts.cached_tokens},
+    }
+
+
+def _prefix(job: JobInfo) -> dict[str, Any]:
+    """Prefix efficiency: prefill computed against the trie's minimum, and the prefix cache's figures."""
+    efficiency = job.prefill_tokens / job.trie_min_tokens if job.trie_min_tokens else None
+    return {
+        "prefill_tokens_computed": job.prefill_tokens,
+        "trie_min_tokens": job.trie_min_tokens,
+        "efficiency": round(efficiency, 4) if efficiency is not None else None,
+        "cache_hits": job.cache_hits,
+        "cache_misses": job.cache_misses,
+        "cache_evictions": job.cache_evictions,
+        "cache_peak_bytes": job.cache_peak_bytes,
+    }
+
+
+def _worker(w: WorkerShare) -> dict[str, Any]:
+    return {
+        "worker": w.worker,
+        "model": w.model,
+        "completed": w.completed,
+        "failed": w.failed,
+        "shard_runs": w.shard_runs,
     }
 
 

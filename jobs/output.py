@@ -9,6 +9,7 @@ from omlx_jobs.errors import SERVER_ERROR_CODES, ErrorCode
 from omlx_jobs.jobs.formats import CHAT_URL
 from omlx_jobs.jobs.jsonl import dumps_line
 from omlx_jobs.jobs.logprobs import choice_logprobs
+from omlx_jobs.store.models import RequestStatus
 from omlx_jobs.store.rows import RESULT_COLUMNS
 
 # The request columns an output line reads: export asks the store for these only (never the prompt bodies).
@@ -88,7 +89,7 @@ def response_body(row: Any, model: str) -> dict[str, Any]:
 def output_line(row: Any, job_id: str, model: str) -> tuple[dict[str, Any], bool]:
     """One output line for a final request, and whether it is an error line."""
     line_id = f"batch_req_{job_id}_{row.idx}"
-    if row.status == "completed":
+    if row.status == RequestStatus.COMPLETED:
         return (
             {
                 "id": line_id,
@@ -102,7 +103,7 @@ def output_line(row: Any, job_id: str, model: str) -> tuple[dict[str, Any], bool
             },
             False,
         )
-    if row.status == "cancelled":
+    if row.status == RequestStatus.CANCELLED:
         return (
             {
                 "id": line_id,
@@ -128,7 +129,7 @@ def output_line(row: Any, job_id: str, model: str) -> tuple[dict[str, Any], bool
                 "body": {
                     "error": {
                         "message": row.error_message or code,
-                        "type": "invalid_request_error" if client else "server_error",
+                        "type": "invalid_request_error" if client else ErrorCode.SERVER_ERROR,
                         "param": None,
                         "code": code,
                     }
@@ -150,7 +151,7 @@ def output_lines(
     """
     models = models or {}
     for row in rows:
-        if row.status == "pending":
+        if row.status == RequestStatus.PENDING:
             continue
         run_id = getattr(row, "run_id", None)
         obj, is_error = output_line(row, job_id, models.get(run_id, model) if run_id is not None else model)

@@ -104,7 +104,7 @@ def _check_seed(name: str, value: Any) -> int:
     # uses seed + i, so seeds up to 2**63 - 1 leave room for n and fit a signed 64-bit column too.
     if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= MAX_SEED:
         raise BadValue(
-            "out_of_range",
+            ErrorCode.OUT_OF_RANGE,
             name,
             f"must be between 0 and {MAX_SEED} (MLX seeds are unsigned 64-bit integers), got {value}; "
             "use a non-negative seed, or leave it out for a random one",
@@ -196,7 +196,7 @@ _ELSEWHERE = {
 
 def _check_bool(name: str, value: Any, hint: str = "") -> bool | object:
     if not isinstance(value, bool):
-        raise BadValue("invalid_type", name, f"must be true or false, got {describe(value)}{hint}")
+        raise BadValue(ErrorCode.INVALID_TYPE, name, f"must be true or false, got {describe(value)}{hint}")
     return value or DEFAULT
 
 
@@ -205,7 +205,7 @@ def _check_completion_logprobs(name: str, value: Any) -> int | object:
         return DEFAULT
     if isinstance(value, bool):
         raise BadValue(
-            "invalid_type", name, f"on {COMPLETIONS_URL} logprobs is the number of alternatives, 0-5; got true"
+            ErrorCode.INVALID_TYPE, name, f"on {COMPLETIONS_URL} logprobs is the number of alternatives, 0-5; got true"
         )
     return _check_int(name, value, 0, MAX_COMPLETION_LOGPROBS)
 
@@ -213,23 +213,25 @@ def _check_completion_logprobs(name: str, value: Any) -> int | object:
 def _check_logit_bias(name: str, value: Any) -> dict[str, float] | object:
     if not isinstance(value, dict):
         raise BadValue(
-            "invalid_type",
+            ErrorCode.INVALID_TYPE,
             name,
             f'must be an object of token id -> bias, e.g. {{"50256": -100}}, got {describe(value)}',
         )
     if len(value) > MAX_LOGIT_BIAS:
-        raise BadValue("out_of_range", name, f"holds {len(value)} token ids; at most {MAX_LOGIT_BIAS} are allowed")
+        raise BadValue(
+            ErrorCode.OUT_OF_RANGE, name, f"holds {len(value)} token ids; at most {MAX_LOGIT_BIAS} are allowed"
+        )
     out: dict[str, float] = {}
     for key, bias in value.items():
         if not (key.isascii() and key.isdigit()) or len(key) > 12:
             raise BadValue(
-                "invalid_value",
+                ErrorCode.INVALID_VALUE,
                 f"{name}.{key}",
                 f'keys are token ids written as strings of digits, like "50256"; got {shown(key)}',
             )
         token = str(int(key))
         if token in out:  # "7" and "007": one would silently replace the other
-            raise BadValue("invalid_value", f"{name}.{key}", f"names token id {token} twice; give each id once")
+            raise BadValue(ErrorCode.INVALID_VALUE, f"{name}.{key}", f"names token id {token} twice; give each id once")
         out[token] = _check_float(f"{name}.{key}", bias, -100.0, 100.0)
     return out or DEFAULT
 
@@ -292,18 +294,18 @@ def _cross_checks(out: dict[str, Any], where: str) -> dict[str, Any]:
         out["max_tokens"] = mct
     if out.get("max_tokens") == 0 and not out.get("echo"):
         raise BadValue(
-            "out_of_range",
+            ErrorCode.OUT_OF_RANGE,
             f"{where}{tokens_field}",
             f"must be between 1 and {MAX_TOKENS_LIMIT}, got 0; 0 is allowed only with echo: true on "
             f"{COMPLETIONS_URL}, to score a prompt without generating",
         )
     if out.get("top_logprobs") and not out.get("logprobs"):
         raise BadValue(
-            "conflicting_fields", f"{where}top_logprobs", "needs logprobs: true; set it, or drop top_logprobs"
+            ErrorCode.CONFLICTING_FIELDS, f"{where}top_logprobs", "needs logprobs: true; set it, or drop top_logprobs"
         )
     if out.get("response_format") and out.get("stop"):
         raise BadValue(
-            "conflicting_fields",
+            ErrorCode.CONFLICTING_FIELDS,
             f"{where}stop",
             "a stop string would cut the JSON of response_format short; remove stop (the grammar ends the output)",
         )

@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs import images as img
 from omlx_jobs.jobs.errors import BadValue, check_text, describe
 
@@ -22,13 +23,15 @@ def parse_content(value: Any, name: str, role: str, access: img.ImageAccess) -> 
     if isinstance(value, str):
         return check_text(value, name)
     if not isinstance(value, list):
-        raise BadValue("invalid_type", name, f"must be a string or a list of content parts, got {describe(value)}")
+        raise BadValue(
+            ErrorCode.INVALID_TYPE, name, f"must be a string or a list of content parts, got {describe(value)}"
+        )
     parts: list[dict[str, Any]] = []
     for j, part in enumerate(value):
         here = f"{name}[{j}]"
         if not isinstance(part, dict):
             raise BadValue(
-                "invalid_type",
+                ErrorCode.INVALID_TYPE,
                 here,
                 f'must be a content part object like {{"type": "text", ...}}, got {describe(part)}',
             )
@@ -36,23 +39,23 @@ def parse_content(value: Any, name: str, role: str, access: img.ImageAccess) -> 
         if kind == "text":
             text = part.get("text")
             if not isinstance(text, str):
-                raise BadValue("invalid_type", f"{here}.text", f"must be a string, got {describe(text)}")
+                raise BadValue(ErrorCode.INVALID_TYPE, f"{here}.text", f"must be a string, got {describe(text)}")
             parts.append({"type": "text", "text": check_text(text, f"{here}.text")})
         elif kind == "image_url":
             if role != "user":
                 raise BadValue(
-                    "unsupported_content",
+                    ErrorCode.UNSUPPORTED_CONTENT,
                     f"{here}.type",
                     f"images go in user messages, not in {'an' if role[0] in 'aeiou' else 'a'} {role} message",
                 )
             parts.append(_image_part(part, here, access))
         elif kind is None:
             raise BadValue(
-                "missing_field", f"{here}.type", 'is missing; text parts are {"type": "text", "text": "..."}'
+                ErrorCode.MISSING_FIELD, f"{here}.type", 'is missing; text parts are {"type": "text", "text": "..."}'
             )
         else:
             raise BadValue(
-                "unsupported_content",
+                ErrorCode.UNSUPPORTED_CONTENT,
                 f"{here}.type",
                 f"content part type {kind!r} is not supported (audio and files are not); send text and image_url parts",
             )
@@ -65,25 +68,33 @@ def _image_part(part: dict[str, Any], here: str, access: img.ImageAccess) -> dic
     _only_keys(part, ("type", "image_url"), here)
     spec = part.get("image_url")
     if spec is None:
-        raise BadValue("missing_field", f"{here}.image_url", 'is missing; give {"url": "data:image/png;base64,..."}')
+        raise BadValue(
+            ErrorCode.MISSING_FIELD, f"{here}.image_url", 'is missing; give {"url": "data:image/png;base64,..."}'
+        )
     if not isinstance(spec, dict):
         raise BadValue(
-            "invalid_type", f"{here}.image_url", f'must be an object like {{"url": "..."}}, got {describe(spec)}'
+            ErrorCode.INVALID_TYPE,
+            f"{here}.image_url",
+            f'must be an object like {{"url": "..."}}, got {describe(spec)}',
         )
     _only_keys(spec, IMAGE_KEYS, f"{here}.image_url")
     url = spec.get("url")
     field = f"{here}.image_url.url"
     if url is None:
-        raise BadValue("missing_field", field, "is missing; give a data: URI, a file path or an http(s) URL")
+        raise BadValue(ErrorCode.MISSING_FIELD, field, "is missing; give a data: URI, a file path or an http(s) URL")
     if not isinstance(url, str):
-        raise BadValue("invalid_type", field, f"must be a string, got {describe(url)}")
+        raise BadValue(ErrorCode.INVALID_TYPE, field, f"must be a string, got {describe(url)}")
     if not url:
-        raise BadValue("empty_value", field, "must not be empty; give a data: URI, a file path or an http(s) URL")
+        raise BadValue(
+            ErrorCode.EMPTY_VALUE, field, "must not be empty; give a data: URI, a file path or an http(s) URL"
+        )
     check_text(url, field)
     detail = spec.get("detail", "auto")
     if detail not in img.DETAILS:
         allowed = ", ".join(img.DETAILS)
-        raise BadValue("invalid_value", f"{here}.image_url.detail", f"must be one of {allowed}, got {describe(detail)}")
+        raise BadValue(
+            ErrorCode.INVALID_VALUE, f"{here}.image_url.detail", f"must be one of {allowed}, got {describe(detail)}"
+        )
     try:
         _check_source(img.classify(url, access), access)
     except img.ImageSourceError as exc:
@@ -101,7 +112,7 @@ def _check_source(source: img.ImageSource, access: img.ImageAccess) -> None:
             if size > access.max_bytes:
                 cap = f"{access.max_bytes:,}"
                 raise img.ImageSourceError(
-                    "image_too_large", f"{source.path} is {size:,} bytes, over {cap} bytes; use a smaller image"
+                    ErrorCode.IMAGE_TOO_LARGE, f"{source.path} is {size:,} bytes, over {cap} bytes; use a smaller image"
                 )
             head = fh.read(16)
         img.check_format(head, str(source.path))
@@ -111,7 +122,7 @@ def _only_keys(obj: dict[str, Any], allowed: tuple[str, ...], here: str) -> None
     extra = sorted(set(obj) - set(allowed))
     if extra:
         takes = ", ".join(allowed)
-        raise BadValue("unknown_field", f"{here}.{extra[0]}", f"unsupported field; this object takes {takes}")
+        raise BadValue(ErrorCode.UNKNOWN_FIELD, f"{here}.{extra[0]}", f"unsupported field; this object takes {takes}")
 
 
 def image_urls(messages: list[dict[str, Any]]) -> Iterator[tuple[int, int, str]]:

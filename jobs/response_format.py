@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs import schema_limits
 from omlx_jobs.jobs.errors import BadValue, check_text, describe, shown
 from omlx_jobs.jobs.schema_satisfiable import unsatisfiable
@@ -74,16 +75,20 @@ def _schema_text(schema: Any) -> str:
 def validate_response_format(name: str, value: Any) -> dict[str, Any] | None:
     """The normalized response_format of a chat line, or None for plain text. Raises BadValue."""
     if not isinstance(value, dict):
-        raise BadValue("invalid_type", name, f'must be an object like {{"type": "json_object"}}, got {describe(value)}')
+        raise BadValue(
+            ErrorCode.INVALID_TYPE, name, f'must be an object like {{"type": "json_object"}}, got {describe(value)}'
+        )
     kind = value.get("type")
     if kind is None:
-        raise BadValue("missing_field", f"{name}.type", f"is missing; use one of {', '.join(TYPES)}")
+        raise BadValue(ErrorCode.MISSING_FIELD, f"{name}.type", f"is missing; use one of {', '.join(TYPES)}")
     if kind not in TYPES:
-        raise BadValue("invalid_value", f"{name}.type", f"must be one of {', '.join(TYPES)}, got {shown(kind)}")
+        raise BadValue(ErrorCode.INVALID_VALUE, f"{name}.type", f"must be one of {', '.join(TYPES)}, got {shown(kind)}")
     allowed = {"type", "json_schema"} if kind == "json_schema" else {"type"}
     extra = sorted(set(value) - allowed)
     if extra:
-        raise BadValue("unknown_field", f"{name}.{extra[0]}", f"is not a field of a {kind} response_format; remove it")
+        raise BadValue(
+            ErrorCode.UNKNOWN_FIELD, f"{name}.{extra[0]}", f"is not a field of a {kind} response_format; remove it"
+        )
     if kind == "text":
         return None
     if kind == "json_object":
@@ -93,31 +98,39 @@ def validate_response_format(name: str, value: Any) -> dict[str, Any] | None:
 
 def _json_schema(spec: Any, name: str) -> dict[str, Any]:
     if spec is None:
-        raise BadValue("missing_field", name, 'is missing; give {"name": ..., "schema": {...}}')
+        raise BadValue(ErrorCode.MISSING_FIELD, name, 'is missing; give {"name": ..., "schema": {...}}')
     if not isinstance(spec, dict):
-        raise BadValue("invalid_type", name, f"must be an object with name and schema, got {describe(spec)}")
+        raise BadValue(ErrorCode.INVALID_TYPE, name, f"must be an object with name and schema, got {describe(spec)}")
     extra = sorted(set(spec) - {"name", "schema", "strict", "description"})
     if extra:
-        raise BadValue("unknown_field", f"{name}.{extra[0]}", "unknown field; json_schema takes name, schema, strict")
+        raise BadValue(
+            ErrorCode.UNKNOWN_FIELD, f"{name}.{extra[0]}", "unknown field; json_schema takes name, schema, strict"
+        )
     title = spec.get("name")
     if title is None:
-        raise BadValue("missing_field", f"{name}.name", 'is missing; name the schema, e.g. "person"')
+        raise BadValue(ErrorCode.MISSING_FIELD, f"{name}.name", 'is missing; name the schema, e.g. "person"')
     if not isinstance(title, str) or not NAME_PATTERN.match(title):
-        raise BadValue("invalid_value", f"{name}.name", f"must be 1-64 letters, digits, _ or -, got {shown(title)}")
+        raise BadValue(
+            ErrorCode.INVALID_VALUE, f"{name}.name", f"must be 1-64 letters, digits, _ or -, got {shown(title)}"
+        )
     if spec.get("description") is not None:
         if not isinstance(spec["description"], str):
             raise BadValue(
-                "invalid_type", f"{name}.description", f"must be a string, got {describe(spec['description'])}"
+                ErrorCode.INVALID_TYPE, f"{name}.description", f"must be a string, got {describe(spec['description'])}"
             )
         check_text(spec["description"], f"{name}.description")
     strict = spec.get("strict")
     if strict is not None and not isinstance(strict, bool):
-        raise BadValue("invalid_type", f"{name}.strict", f"must be true or false, got {describe(strict)}")
+        raise BadValue(ErrorCode.INVALID_TYPE, f"{name}.strict", f"must be true or false, got {describe(strict)}")
     schema = spec.get("schema")
     if schema is None:
-        raise BadValue("missing_field", f"{name}.schema", "is missing; give the JSON schema the output must match")
+        raise BadValue(
+            ErrorCode.MISSING_FIELD, f"{name}.schema", "is missing; give the JSON schema the output must match"
+        )
     if not isinstance(schema, dict):
-        raise BadValue("invalid_type", f"{name}.schema", f"must be a JSON schema object, got {describe(schema)}")
+        raise BadValue(
+            ErrorCode.INVALID_TYPE, f"{name}.schema", f"must be a JSON schema object, got {describe(schema)}"
+        )
     problem = check_schema(_schema_text(schema))
     if problem is not None:
         code, path, message = problem
@@ -140,16 +153,20 @@ def check_schema(schema_json: str) -> tuple[str, str, str] | None:
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_json, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
     except ValueError as exc:  # serde_json's nesting limit (128 levels) is raised, not reported
-        return ("invalid_schema", "", f"cannot be read by the grammar compiler ({exc}); nest it less deeply")
+        return (ErrorCode.INVALID_SCHEMA, "", f"cannot be read by the grammar compiler ({exc}); nest it less deeply")
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if messages:
         return _compiler_problem(messages[0], schema, is_error)
     endless = unsatisfiable(schema)
     if endless is not None:
-        return ("invalid_schema", *endless)
+        return (ErrorCode.INVALID_SCHEMA, *endless)
     error = _first_mask_error(grammar)
     if error is not None:
-        return ("invalid_schema", "", f"cannot be satisfied: the grammar compiled from it allows no output ({error})")
+        return (
+            ErrorCode.INVALID_SCHEMA,
+            "",
+            f"cannot be satisfied: the grammar compiled from it allows no output ({error})",
+        )
     return None
 
 
@@ -159,7 +176,7 @@ def _compiler_problem(message: str, schema: Any, is_error: bool) -> tuple[str, s
     text = lines[0]
     if text.startswith("regex parse error") and len(lines) > 1:  # the pattern, a caret, then what is wrong
         return (
-            "invalid_schema",
+            ErrorCode.INVALID_SCHEMA,
             _find_keyword(schema, "pattern", lines[1]) or "",
             f"has a pattern that is not a valid regular expression: {lines[1]!r}: {lines[-1].removeprefix('error: ')}",
         )
@@ -167,7 +184,7 @@ def _compiler_problem(message: str, schema: Any, is_error: bool) -> tuple[str, s
     if unimplemented:
         keys = json.loads(f"[{unimplemented.group(1)}]")
         return (
-            "unsupported_schema",
+            ErrorCode.UNSUPPORTED_SCHEMA,
             _find_keyword(schema, keys[0]) or "",
             f"uses {', '.join(repr(k) for k in keys)}, which constrained decoding cannot enforce; remove it or "
             f"express it with the supported keywords ({SUPPORTED_KEYWORDS})",
@@ -175,28 +192,28 @@ def _compiler_problem(message: str, schema: Any, is_error: bool) -> tuple[str, s
     fmt = re.match(r"Unknown format: (.*)", text)
     if fmt:
         return (
-            "unsupported_schema",
+            ErrorCode.UNSUPPORTED_SCHEMA,
             _find_keyword(schema, "format", fmt.group(1)) or "",
             f"uses format {fmt.group(1)!r}, which is not supported; use a pattern instead, or one of date, time, "
             "date-time, duration, email, hostname, ipv4, ipv6, uuid, uri",
         )
     if "retrieving it failed" in text:
         return (
-            "unsupported_schema",
+            ErrorCode.UNSUPPORTED_SCHEMA,
             _find_keyword(schema, "$ref") or "",
             "refers to a schema outside itself, which is never fetched; put the definition under $defs and "
             'refer to it as "#/$defs/NAME"',
         )
     if text.startswith("oneOf constraints are not supported"):
-        return ("unsupported_schema", _overlapping_one_of(schema), ONE_OF_MESSAGE)
+        return (ErrorCode.UNSUPPORTED_SCHEMA, _overlapping_one_of(schema), ONE_OF_MESSAGE)
     if text.startswith("min/maxProperties only supported"):
         path = schema_limits.optional_beside_counts(schema) or _find_keyword(schema, "minProperties") or ""
-        return ("unsupported_schema", path, COUNTS_MESSAGE)
+        return (ErrorCode.UNSUPPORTED_SCHEMA, path, COUNTS_MESSAGE)
     if text.startswith("Unsatisfiable schema"):
-        return ("invalid_schema", "", f"can never be satisfied: {text.removeprefix('Unsatisfiable schema: ')}")
+        return (ErrorCode.INVALID_SCHEMA, "", f"can never be satisfied: {text.removeprefix('Unsatisfiable schema: ')}")
     if not is_error:  # a warning: something the grammar would not enforce; never skipped silently
-        return ("unsupported_schema", "", f"cannot be enforced as written: {text}")
-    return ("invalid_schema", "", f"is not a valid JSON schema: {text}")
+        return (ErrorCode.UNSUPPORTED_SCHEMA, "", f"cannot be enforced as written: {text}")
+    return (ErrorCode.INVALID_SCHEMA, "", f"is not a valid JSON schema: {text}")
 
 
 ONE_OF_MESSAGE = (

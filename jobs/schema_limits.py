@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from omlx_jobs.errors import ErrorCode
+
 EXACT_LIMIT = 2**53
 """The largest magnitude up to which every integer is a 64-bit float: bounds beyond it are not exact."""
 NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
@@ -65,7 +67,7 @@ def repeatable_keys(schema: Any) -> Problem | None:
         extra = node.get("additionalProperties", True) is not False or bool(node.get("patternProperties"))
         if extra and wanted - fixed >= 2:  # one extra key cannot repeat a required one; two can repeat each other
             return (
-                "unsupported_schema",
+                ErrorCode.UNSUPPORTED_SCHEMA,
                 f"{path}.minProperties",
                 f"asks for {wanted} properties, {wanted - fixed} of them beyond the required ones; the grammar "
                 "counts members, and such keys may repeat (a parser keeps the last), so an output could have "
@@ -105,7 +107,7 @@ def _too_big(value: Any) -> bool:
 
 def _inexact(path: str, what: str) -> Problem:
     return (
-        "unsupported_schema",
+        ErrorCode.UNSUPPORTED_SCHEMA,
         path,
         f"{what} beyond +-2^53 (9007199254740992), which constrained decoding cannot enforce exactly (the grammar "
         "compiler reads numbers as 64-bit floats); keep numbers within +-2^53, or use a string with a pattern",

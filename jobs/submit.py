@@ -14,7 +14,7 @@ from typing import IO, Any
 from omlx_jobs import defaults
 from omlx_jobs.errors import ErrorCode, OmlxError
 from omlx_jobs.jobs import lifecycle
-from omlx_jobs.jobs.formats import NO_FILES, InputError, parse_stream
+from omlx_jobs.jobs.formats import NO_FILES, InputError, ParsedRequest, parse_stream
 from omlx_jobs.jobs.images import ImageAccess
 from omlx_jobs.jobs.lease import SubmitLease
 from omlx_jobs.jobs.model_names import display_name
@@ -230,18 +230,7 @@ def _load_rows(
                 result.valid += 1
                 if result.invalid and not skip_invalid:
                     continue  # the file is rejected anyway; keep validating, stop storing
-                rows.append(
-                    {
-                        "job_id": job_id,
-                        "idx": result.total,
-                        "line": item.line,
-                        "custom_id": item.custom_id,
-                        "endpoint": item.endpoint,
-                        "body": item.body,
-                        "status": RequestStatus.PENDING,
-                        "sort_key": request_key(item.endpoint, item.body),
-                    }
-                )
+                rows.append(_pending_row(job_id, result.total, item))
             result.total += 1
             if len(rows) >= INSERT_CHUNK:
                 flush()
@@ -250,16 +239,34 @@ def _load_rows(
         writer.close()
     writer.check()
 
+    _reject_if_invalid(store, result, skip_invalid)
+    return result
+
+
+def _reject_if_invalid(store: Store, result: LoadResult, skip_invalid: bool) -> None:
+    """Fail the job, storing no request, if the file holds none or a bad line that `skip_invalid` does not allow."""
     if result.valid + result.invalid == 0:
         result.errors.append(InputError(0, "the file holds no requests", code=ErrorCode.EMPTY_FILE))
         result.invalid = 1
     if (result.invalid and not skip_invalid) or result.valid == 0:
         result.rejected = True
-        store.delete_requests(job_id)
-        store.update_job(job_id, total=0, errors=[e.to_dict() for e in result.errors], submit_lease_until=None)
-        store.transition(job_id, lifecycle.FAILED)
+        store.delete_requests(result.job_id)
+        store.update_job(result.job_id, total=0, errors=[e.to_dict() for e in result.errors], submit_lease_until=None)
+        store.transition(result.job_id, lifecycle.FAILED)
         result.total = 0
-    return result
+
+
+def _pending_row(job_id: str, idx: int, item: ParsedRequest) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "idx": idx,
+        "line": item.line,
+        "custom_id": item.custom_id,
+        "endpoint": item.endpoint,
+        "body": item.body,
+        "status": RequestStatus.PENDING,
+        "sort_key": request_key(item.endpoint, item.body),
+    }
 
 
 def _failed_row(job_id: str, idx: int, error: InputError) -> dict[str, Any]:

@@ -15,10 +15,11 @@ from typing import Any
 from sqlalchemy import JSON, Float, ForeignKey, Integer, String, insert, or_, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.store.errors import retrying
 from omlx_jobs.store.models import Base, Job, Request, RequestStatus
 
-EXPIRED_CODE = "batch_expired"
+EXPIRED_CODE = ErrorCode.BATCH_EXPIRED
 EXPIRED_MESSAGE = "this request could not be run before the batch's completion window expired"
 
 

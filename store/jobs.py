@@ -13,9 +13,7 @@ from typing import Any
 from sqlalchemy import Engine, delete, func, insert, select, update
 
 from omlx_jobs.store.errors import JobNotFound, retrying, safe_url
-from omlx_jobs.store.models import Job, Request, RequestStatus, Shard, ShardRun
-
-_VALIDATING = "validating"  # jobs/lifecycle.py names the statuses; the store imports nothing of ours
+from omlx_jobs.store.models import Job, JobStatus, Request, RequestStatus, Shard, ShardRun
 
 
 @dataclass(frozen=True)
@@ -83,7 +81,7 @@ class JobStore:
         queue: str | None = None,
         input_file: str | None = None,
         options: dict[str, Any] | None = None,
-        status: str = "validating",
+        status: str = JobStatus.VALIDATING,
         submit_lease_until: float | None = None,
         model_name: str | None = None,
     ) -> None:
@@ -161,7 +159,7 @@ class JobStore:
         values: dict[str, Any] = {"submit_lease_until": until}
         if total is not None:
             values["total"] = total
-        stmt = update(Job).where(Job.id == job_id, Job.status == _VALIDATING).values(**values)
+        stmt = update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING).values(**values)
         with self.engine.begin() as conn:
             return conn.execute(stmt).rowcount > 0
 
@@ -170,7 +168,7 @@ class JobStore:
         """Jobs on `queue` still validating whose submit lease has passed: their submit died."""
         stmt = (
             select(Job.id)
-            .where(Job.queue == queue, Job.status == _VALIDATING, Job.submit_lease_until.is_not(None))
+            .where(Job.queue == queue, Job.status == JobStatus.VALIDATING, Job.submit_lease_until.is_not(None))
             .where(Job.submit_lease_until < now)
         )
         with self.engine.connect() as conn:
@@ -185,8 +183,8 @@ class JobStore:
         with self.engine.begin() as conn:
             changed = conn.execute(
                 update(Job)
-                .where(Job.id == job_id, Job.status == _VALIDATING, Job.total == 0, lapsed)
-                .values(status="failed", failed_at=now, total=0, errors=[error], submit_lease_until=None)
+                .where(Job.id == job_id, Job.status == JobStatus.VALIDATING, Job.total == 0, lapsed)
+                .values(status=JobStatus.FAILED, failed_at=now, total=0, errors=[error], submit_lease_until=None)
             ).rowcount
             if not changed:
                 return None

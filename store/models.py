@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, LargeBinary, String, Text, func
@@ -10,13 +11,41 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from omlx_jobs.store.textcodec import SafeText
 
 
-class RequestStatus:
-    """Request states. `pending` may run; the other three are final."""
+class RequestStatus(str, Enum):
+    """Request states. `pending` may run; the other three are final. A member equals its value (`"pending"`), so
+    the column stores the same text and a status read back as a plain str compares equal to its member."""
 
     PENDING = "pending"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class JobStatus(str, Enum):
+    """Job states, OpenAI's names for a batch's status (jobs/lifecycle.py moves jobs between them). Kept here, beside
+    RequestStatus, because the store (the lowest layer) writes some of them itself and every layer may import it."""
+
+    VALIDATING = "validating"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    """A batch created through the API whose completion window passed before it finished (`serve` sweeps it)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 FINAL_REQUEST_STATUSES = (RequestStatus.COMPLETED, RequestStatus.FAILED, RequestStatus.CANCELLED)

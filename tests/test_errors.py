@@ -11,6 +11,7 @@ from omlx_jobs.jobs.errors import BadValue, InputError, InvalidLine
 from omlx_jobs.jobs.export import OutputExists
 from omlx_jobs.jobs.queue import RedisUnavailable
 from omlx_jobs.store.errors import JobNotFound, StoreError
+from omlx_jobs.store.models import FINAL_REQUEST_STATUSES, JobStatus, RequestStatus
 
 
 def test_a_code_reads_and_serializes_as_its_value() -> None:
@@ -19,6 +20,20 @@ def test_a_code_reads_and_serializes_as_its_value() -> None:
     assert f"[{code}]" == "[context_length_exceeded]"
     assert json.dumps({"code": code}) == '{"code": "context_length_exceeded"}'
     assert "context_length_exceeded" in {code} and ErrorCode("timeout") is ErrorCode.TIMEOUT
+
+
+@pytest.mark.parametrize("member", [*JobStatus, *RequestStatus, ErrorCode.BATCH_EXPIRED])
+def test_statuses_read_and_serialize_as_their_value(member: JobStatus | RequestStatus) -> None:
+    assert member == member.value and str(member) == member.value and f"{member:>12}" == f"{member.value:>12}"
+    assert json.dumps({"status": member}) == json.dumps({"status": member.value})
+    assert {member.value: 1}[member] == 1 and type(member)(member.value) is member
+
+
+def test_job_statuses_keep_openais_names() -> None:
+    assert [s.value for s in JobStatus] == [
+        "validating", "in_progress", "finalizing", "completed", "failed", "cancelling", "cancelled", "expired"
+    ]  # fmt: skip
+    assert set(FINAL_REQUEST_STATUSES) == {"completed", "failed", "cancelled"} and RequestStatus.PENDING == "pending"
 
 
 def test_code_sets_partition_what_users_can_see() -> None:

@@ -9,9 +9,12 @@ import stat
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.store import RequestStatus, Store, open_store
 from omlx_jobs.store.db import JobNotFound, default_database_url
+from omlx_jobs.store.models import JobStatus
 from omlx_jobs.store.rows import CompletionRow
 
 
@@ -32,6 +35,22 @@ def make_job(store: Store, n: int = 5, job_id: str = "batch_test") -> str:
     )
     store.update_job(job_id, total=n)
     return job_id
+
+
+def test_statuses_and_codes_are_stored_as_their_text(store_url: str) -> None:
+    """The enums are str enums: the columns hold the same text as the plain strings did, read back as str."""
+    store = Store(store_url)
+    job = make_job(store, n=2)
+    assert store.transition(job, JobStatus.IN_PROGRESS, only_from=[JobStatus.VALIDATING])
+    first = store.pending_requests(job)[0]
+    assert store.record_failure(first.id, ErrorCode.CONTEXT_LENGTH_EXCEEDED, "too long")
+    with store.engine.connect() as conn:
+        status = conn.execute(text("select status from jobs where id = :j"), {"j": job}).scalar_one()
+        rows = conn.execute(text("select status, error_code from requests where job_id = :j order by idx"), {"j": job})
+        requests = [tuple(r) for r in rows]
+    assert type(status) is str and status == "in_progress"
+    assert requests == [("failed", "context_length_exceeded"), ("pending", None)]
+    assert all(type(v) is str for v in requests[0])
 
 
 def test_job_lifecycle_and_counts(store_url: str) -> None:
