@@ -83,7 +83,7 @@ def validate_tools(name: str, value: Any) -> list[dict[str, Any]] | None:
 
 
 def validate_tool_choice(name: str, value: Any) -> str | dict[str, Any]:
-    """"none", "auto", "required", or {"type": "function", "function": {"name": ...}}."""
+    """ "none", "auto", "required", or {"type": "function", "function": {"name": ...}}."""
     if isinstance(value, str):
         if value not in CHOICES:
             raise BadValue("invalid_value", name, f"must be one of {', '.join(CHOICES)} or a named function")
@@ -137,7 +137,8 @@ def tool_message(msg: dict[str, Any], here: str) -> dict[str, Any]:
     if role == "tool":
         cid = msg.get("tool_call_id")
         if not isinstance(cid, str) or not cid:
-            raise BadValue("missing_field", f"{here}.tool_call_id", "a tool message needs the id of the call it answers")
+            message = "a tool message needs the id of the call it answers"
+            raise BadValue("missing_field", f"{here}.tool_call_id", message)
         out["tool_call_id"] = cid
     calls = msg.get("tool_calls")
     if calls is not None:
