@@ -65,12 +65,14 @@ LLAMA3_SPECIAL = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>
 
 
 def qwen3_model(path: Path) -> Path:
-    return build_tiny_model(path, chat_template=QWEN3_TEMPLATE, added_tokens=QWEN3_ADDED)
+    return build_tiny_model(path, chat_template=QWEN3_TEMPLATE, added_tokens=QWEN3_ADDED, context_length=2048)
 
 
 def opened_model(path: Path) -> Path:
-    return build_tiny_model(path, chat_template=OPENED_TEMPLATE, added_tokens=QWEN3_ADDED)
+    return build_tiny_model(path, chat_template=OPENED_TEMPLATE, added_tokens=QWEN3_ADDED, context_length=2048)
 
 
 def llama3_model(path: Path) -> Path:
-    return build_tiny_model(path, chat_template=LLAMA3_TEMPLATE, special_tokens=LLAMA3_SPECIAL, eos_token="<|eot_id|>")
+    return build_tiny_model(
+        path, chat_template=LLAMA3_TEMPLATE, special_tokens=LLAMA3_SPECIAL, eos_token="<|eot_id|>", context_length=2048
+    )

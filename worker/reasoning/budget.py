@@ -80,9 +80,9 @@ class ThinkTracker:
         return self.phase is Phase.ANSWER
 
     def _check_budget(self) -> None:
-        if self.phase is Phase.THINKING and self.budget is not None and self.thought >= self.budget:
-            if not self._queue:
-                self._queue.extend(self.markers.close_sequence)
+        spent = self.budget is not None and self.thought >= self.budget
+        if self.phase is Phase.THINKING and spent and not self._queue:
+            self._queue.extend(self.markers.close_sequence)
 
     def _start_answer(self) -> None:
         self.phase, self.answer_from = Phase.ANSWER, self.fed

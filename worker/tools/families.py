@@ -1,7 +1,7 @@
 """Which tool-call markup a model writes, told from its chat template. Pure: no MLX.
 
 - hermes: Qwen2.5, Qwen3, Qwen3.5, Hermes: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`;
-- qwen3_coder: Qwen3-Coder: `<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>`;
+- qwen3_coder: Qwen3-Coder: `<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>...</tool_call>`;
 - llama3: Llama 3.1-3.3: a JSON object `{"name": ..., "parameters": {...}}` (after `<|python_tag|>` at times);
 - mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}]` (and the newer `[TOOL_CALLS]name[ARGS]{...}`).
 """

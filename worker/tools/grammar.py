@@ -3,7 +3,7 @@ schema, as llguidance's Lark text. Pure: string building (llguidance compiles it
 
 Arguments are JSON under the same options as response_format (compact, every keyword enforced). A marker that
 is one token of the vocabulary (`<tool_call>`, `[TOOL_CALLS]`) is written as that token (`<[id]>`), as the
-template renders it; `parallel` allows several calls, else exactly one. With `required` false (a strict tool
+template renders it; `parallel` allows up to MAX_CALLS calls, else exactly one. With `required` false (a strict tool
 under tool_choice auto) the model may instead answer in text that does not start a call.
 """
 
@@ -24,6 +24,10 @@ MARKUP: dict[ToolFamily, tuple[str, str, str, str]] = {
     ToolFamily.LLAMA3: ("", "", "; ", "parameters"),
     ToolFamily.MISTRAL: ("[TOOL_CALLS][", "]", ", ", "arguments"),
 }
+
+
+MAX_CALLS = 4
+"""Calls one constrained answer may hold with parallel_tool_calls: a random or looping model must come to an end."""
 
 
 def _literal(text: str) -> str:
@@ -81,12 +85,12 @@ def call_grammar(
         names.append(f"fn{i}")
     one = " | ".join(names)
     if family is ToolFamily.MISTRAL:  # one marker, then a JSON list of calls
-        calls = f"({one})" + (f' ({_literal(sep)} ({one}))*' if parallel else "")
+        calls = f"({one})" + (f" ({_literal(sep)} ({one}))*" if parallel else "")
         body = f"{_marker(opening, marker_ids)} {calls} {_literal(closing)}"
     else:
         call = f"{_marker(opening, marker_ids)} ({one}) {_marker(closing, marker_ids)}".strip()
         rules.append(f"call: {call}")
-        body = "call" + (f" ({_literal(sep)} call)*" if parallel else "")
+        body = "call" + (f" ({_literal(sep)} call){{0,{MAX_CALLS - 1}}}" if parallel else "")
     start = body if required else f"({body}) | ANSWER"
     lines = [f"start: {start}", *rules]
     if not required:
