@@ -65,7 +65,7 @@ LLAMA3_SPECIAL = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>
 
 
 def qwen3_model(path: Path) -> Path:
-    return build_tiny_model(path, chat_template=QWEN3_TEMPLATE, added_tokens=QWEN3_ADDED, context_length=2048)
+    return build_tiny_model(path, chat_template=QWEN3_TEMPLATE, added_tokens=QWEN3_ADDED, context_length=8192)
 
 
 def opened_model(path: Path) -> Path:

@@ -226,3 +226,33 @@ def test_tool_history_is_rendered_by_the_template(models: dict[str, LoadedModel]
         loaded = models[name]
         text = loaded.tokenizer.decode(loaded.encode("/v1/chat/completions", {"messages": messages, "tools": TOOLS}))
         assert shown in text and "sunny" in text and '"get_time"' in text
+
+
+def test_response_format_applies_to_the_answer_after_the_thinking(
+    models: dict[str, LoadedModel], store: Store, tmp_path: Path
+) -> None:
+    """The model thinks freely (a budget of 6 closes it), then the JSON answer follows its schema."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}  # fmt: skip
+    rf = {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}
+    body = {"messages": ASK, "response_format": rf, "thinking_token_budget": 6, "max_tokens": 40, "temperature": 1.0}
+    for b in _bodies(_run(store, models["opened"], tmp_path, [{**body, "seed": i} for i in range(10)])):
+        message = b["choices"][0]["message"]
+        assert message["reasoning_content"] is not None
+        if b["choices"][0]["finish_reason"] == "stop":
+            jsonschema.validate(json.loads(message["content"]), schema)
+
+
+def test_a_shared_tool_list_is_a_cached_prefix(models: dict[str, LoadedModel], store: Store, tmp_path: Path) -> None:
+    many = [
+        {"type": "function", "function": {"name": f"tool_{i}", "description": f"Tool number {i}.", "parameters": TIME}}
+        for i in range(20)
+    ]
+    bodies = [{"messages": [{"role": "user", "content": f"Question {i}?"}], "tools": many, "max_tokens": 2}
+              for i in range(24)]  # fmt: skip
+    loaded = models["qwen3"]
+    system = len(loaded.encode("/v1/chat/completions", {"messages": [{"role": "user", "content": ""}], "tools": many}))
+    out = [b["usage"] for b in _bodies(_run(store, loaded, tmp_path, bodies))]
+    cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in out)
+    assert all(u["prompt_tokens_details"]["cached_tokens"] >= system - 16 for u in out[1:]), out
+    assert cached / sum(u["prompt_tokens"] for u in out) > 0.9
