@@ -29,6 +29,8 @@ from omlx_jobs.worker.tools.families import ToolFamily, tool_family
 from omlx_jobs.worker.tools.grammar import MARKUP, ToolGrammar, call_grammar
 from omlx_jobs.worker.tools.parsers import parse_calls
 
+CALLS = FinishReason.TOOL_CALLS.value
+"""The message field of a history's calls and of the stored calls: OpenAI names it as the finish reason."""
 TOOL_MARKERS = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>")
 
 
@@ -45,12 +47,12 @@ def _history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Messages as chat templates read them: a call's arguments as an object (HF's convention), not a string."""
     out = []
     for m in messages:
-        if "tool_calls" in m:
+        if CALLS in m:
             calls = [
                 {**c, "function": {**c["function"], "arguments": _object(c["function"]["arguments"])}}
-                for c in m["tool_calls"]
+                for c in m[CALLS]
             ]
-            m = {**m, "tool_calls": calls}
+            m = {**m, CALLS: calls}
         out.append(m)
     return out
 
@@ -172,7 +174,7 @@ class ChatPlan:
             calls = parsed.calls if self.tools.parallel else parsed.calls[:1]
             if calls:
                 content = parsed.content
-                extras["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in calls]
+                extras[CALLS] = [{"name": c.name, "arguments": c.arguments} for c in calls]
                 if reason == FinishReason.STOP:
                     reason = FinishReason.TOOL_CALLS
         return content, str(reason), extras or None
