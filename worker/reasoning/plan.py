@@ -49,8 +49,7 @@ def _history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for m in messages:
         if CALLS in m:
             calls = [
-                {**c, "function": {**c["function"], "arguments": _object(c["function"]["arguments"])}}
-                for c in m[CALLS]
+                {**c, "function": {**c["function"], "arguments": _object(c["function"]["arguments"])}} for c in m[CALLS]
             ]
             m = {**m, CALLS: calls}
         out.append(m)
