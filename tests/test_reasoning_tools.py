@@ -256,3 +256,17 @@ def test_a_shared_tool_list_is_a_cached_prefix(models: dict[str, LoadedModel], s
     cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in out)
     assert all(u["prompt_tokens_details"]["cached_tokens"] >= system - 16 for u in out[1:]), out
     assert cached / sum(u["prompt_tokens"] for u in out) > 0.9
+
+
+def test_strict_tools_under_auto_give_valid_calls_or_an_answer(
+    models: dict[str, LoadedModel], store: Store, tmp_path: Path
+) -> None:
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    body = {"messages": ASK, "tools": strict, "temperature": 1.0, "max_tokens": 96, "reasoning_effort": "none"}
+    bodies = _bodies(_run(store, models["qwen3"], tmp_path, [{**body, "seed": i} for i in range(20)]))
+    for b in bodies:
+        choice = b["choices"][0]
+        if choice["finish_reason"] == "tool_calls":
+            _assert_valid_calls(b, set(SCHEMAS))
+        else:  # an answer: the grammar let it start with anything but a call
+            assert not _calls(b) and not choice["message"]["content"].startswith("<tool_call>")
