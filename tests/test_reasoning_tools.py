@@ -270,3 +270,20 @@ def test_strict_tools_under_auto_give_valid_calls_or_an_answer(
             _assert_valid_calls(b, set(SCHEMAS))
         else:  # an answer: the grammar let it start with anything but a call
             assert not _calls(b) and not choice["message"]["content"].startswith("<tool_call>")
+
+
+def test_required_calls_after_thinking_validate_too(
+    models: dict[str, LoadedModel], store: Store, tmp_path: Path
+) -> None:
+    """Thinking on: the model may open <think> at its first token; the budget closes it, then the call grammar
+    applies (gated on the thinking), and the call still validates."""
+    body = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 1.0, "max_tokens": 120,
+            "thinking_token_budget": 4}  # fmt: skip
+    bodies = _bodies(_run(store, models["qwen3"], tmp_path, [{**body, "seed": i} for i in range(30)]))
+    thought = 0
+    for b in bodies:
+        message = b["choices"][0]["message"]
+        thought += message.get("reasoning_content") is not None
+        _assert_valid_calls(b, set(SCHEMAS))
+        assert _calls(b) and "<think>" not in (message["content"] or "")
+    assert thought, "some outputs opened the thinking block"

@@ -220,7 +220,8 @@ class Engine:
             return None
         if work.chat is not None:  # the thinking budget, an answer grammar gated on the thinking (issue 24)
             seq.chat = work.chat
-            row.processors = work.chat.attach(row.processors, seq.extra.logits.constraint if seq.extra else None)
+            constraint = seq.extra.logits.constraint if seq.extra is not None else None
+            row.processors = work.chat.attach(row.processors, constraint, self.eos)
         match = self.cache.lookup(prompt.key, limit=n) if self.prefix_enabled else None
         if match is not None and match.length == n and match.entry.tokens == n and match.entry.logits is not None:
             run.collector.start(a.item, work, cached=self.warmups.charges.cached(prompt.key, n))

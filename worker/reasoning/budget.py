@@ -10,6 +10,7 @@ thinking) when the answer starts (extras/chat.py's AfterThinking).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from enum import Enum
 
 import mlx.core as mx
@@ -90,14 +91,16 @@ class ThinkTracker:
 
 class ForceThinking:
     """A BatchGenerator logits processor over a ThinkTracker: it feeds the tracker each generated token and, while
-    a forced token is due, leaves only that token's logit finite.
+    a forced token is due, leaves only that token's logit finite. `no_end_while_thinking` (the EOS ids) keeps a
+    choice whose answer a grammar must give from ending inside its thinking.
 
     The first call sees the prompt; each later call sees one more generated token (its last).
     """
 
-    def __init__(self, tracker: ThinkTracker) -> None:
+    def __init__(self, tracker: ThinkTracker, no_end_while_thinking: Sequence[int] = ()) -> None:
         self.tracker = tracker
         self._calls = 0
+        self._ends = mx.array(list(no_end_while_thinking), dtype=mx.int32) if no_end_while_thinking else None
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self._calls:
@@ -105,6 +108,8 @@ class ForceThinking:
         self._calls += 1
         forced = self.tracker.next_forced()
         if forced is None:
+            if self._ends is not None and self.tracker.phase is Phase.THINKING:
+                return logits.at[:, self._ends].add(mx.array(-mx.inf, dtype=logits.dtype))
             return logits
         only = mx.arange(logits.shape[-1]) == forced
         return mx.where(only, mx.zeros_like(logits), mx.array(-mx.inf, dtype=logits.dtype))

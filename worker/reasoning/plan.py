@@ -143,9 +143,9 @@ class ChatPlan:
         """The request's output parameters with its call grammar in place of a response_format (never both)."""
         return replace(output, response_format=self.grammar) if self.grammar is not None else output  # type: ignore[arg-type]
 
-    def attach(self, processors: list[Any], constraint: Any) -> list[Any]:
+    def attach(self, processors: list[Any], constraint: Any, eos: Sequence[int] = ()) -> list[Any]:
         """A choice's processors with the budget's ForceThinking before the batchable part (grammar and bias),
-        and the answer grammar `constraint` gated on the thinking."""
+        and the answer grammar `constraint` gated on the thinking (which then may not end before the answer)."""
         gated = constraint is not None and self.thinks
         if self.model.markers is None or (self.budget is None and not gated):
             return processors
@@ -155,7 +155,8 @@ class ChatPlan:
         if gated:
             constraint.gate = tracker
         at = next((i for i, p in enumerate(processors) if getattr(p, "batchable", False)), len(processors))
-        return [*processors[:at], ForceThinking(tracker), *processors[at:]]
+        force = ForceThinking(tracker, no_end_while_thinking=eos if gated else ())
+        return [*processors[:at], force, *processors[at:]]
 
     def finish(self, text: str, tokens: Sequence[int], reason: str) -> tuple[str, str, dict[str, Any] | None]:
         """(content, finish_reason, the stored extras or None) of one choice's final text and kept tokens."""
