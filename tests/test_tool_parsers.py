@@ -1,21 +1,25 @@
 """The pure parts of reasoning and tool calls, without a model: each family's parser on recorded outputs of its
-markup (well-formed, several calls, and malformed ones, which stay text), the family told from templates, the
-thinking split and its token count, the budget tracker's forced run, and tool validation at submit.
+markup (well-formed, several calls, and malformed ones, which stay text), each family's call grammar on a byte
+vocabulary, the family told from templates, the thinking split and its token count, the budget tracker's forced
+run, and tool validation at submit.
 """
 
 from __future__ import annotations
 
 import json
 
+import llguidance
 import pytest
 from chat_templates import LLAMA3_TEMPLATE, OPENED_TEMPLATE, QWEN3_TEMPLATE
 
 from omlx_jobs.jobs.errors import InvalidLine
 from omlx_jobs.jobs.formats import parse_line
+from omlx_jobs.jobs.response_format import _byte_tokenizer
 from omlx_jobs.worker.reasoning.budget import Phase, ThinkTracker
 from omlx_jobs.worker.reasoning.markers import ThinkMarkers
 from omlx_jobs.worker.reasoning.split import split_output, split_text
 from omlx_jobs.worker.tools.families import ToolFamily, tool_family
+from omlx_jobs.worker.tools.grammar import call_grammar
 from omlx_jobs.worker.tools.parsers import Call, parse_calls
 
 FUNCTIONS = [
@@ -159,3 +163,30 @@ def test_tool_and_reasoning_fields_validate_at_submit() -> None:
         },
     ]
     assert _error({"messages": history}) == ("messages[1].tool_calls[0].function.arguments", "invalid_value")
+
+
+# (family, a call the grammar must accept, one it must refuse); markers written as text (a byte vocabulary).
+GRAMMAR_CASES = [
+    (ToolFamily.HERMES, '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris"}}\n</tool_call>',
+     '<tool_call>\n{"name": "get_weather", "arguments": {"city":7}}\n</tool_call>'),
+    (ToolFamily.LLAMA3, '{"name": "get_time", "parameters": {"zone":"UTC"}}',
+     '{"name": "launch", "parameters": {}}'),
+    (ToolFamily.MISTRAL, '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city":"Oslo","days":3}}]',
+     '[TOOL_CALLS][{"name": "get_weather", "arguments": {"days":"3"}}]'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("family", "good", "bad"), GRAMMAR_CASES, ids=lambda v: str(v)[:16])
+def test_each_family_grammar_accepts_a_valid_call_and_refuses_a_bad_one(
+    family: ToolFamily, good: str, bad: str
+) -> None:
+    grammar = call_grammar(family, FUNCTIONS, parallel=True, required=True, marker_ids={}).grammar()
+
+    def accepts(text: str) -> bool:
+        matcher = llguidance.LLMatcher(_byte_tokenizer(), grammar, log_level=0)
+        assert not matcher.is_error(), matcher.get_error()
+        return all(matcher.consume_token(b) for b in text.encode()) and matcher.is_accepting()
+
+    assert accepts(good) and not accepts(bad)
+    one = call_grammar(family, FUNCTIONS[:1], parallel=False, required=False, marker_ids={}).grammar()
+    assert llguidance.LLMatcher(_byte_tokenizer(), one, log_level=0).is_error() is False
