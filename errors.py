@@ -57,6 +57,8 @@ class ErrorCode(str, Enum):
     # A request's grammar or logit_bias cannot be built for the worker's model (worker/grammar.py, logits.py).
     GRAMMAR_ERROR = "grammar_error"
     INVALID_LOGIT_BIAS = "invalid_logit_bias"
+    # A request with tools for a model whose template has no tool-call markup we parse (worker/tools/).
+    TOOLS_NOT_SUPPORTED = "tools_not_supported"
     # Failures of ours (the engine, a lost worker): retrying can help.
     SERVER_ERROR = "server_error"
     ENGINE_ERROR = "engine_error"
@@ -86,6 +88,8 @@ class FinishReason(str, Enum):
     """An end-of-sequence token or a stop string."""
     LENGTH = "length"
     """max_tokens, or the model's context, reached."""
+    TOOL_CALLS = "tool_calls"
+    """The answer is tool calls (set where they are parsed from the output, worker/reasoning/plan.py)."""
 
     def __str__(self) -> str:
         return self.value

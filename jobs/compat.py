@@ -2,7 +2,7 @@
 
 Files written by OpenAI SDKs and other tools carry fields such as `user`, `metadata` or `store: false`. Each
 is accepted where it has no effect on what we generate, and dropped from the stored body. A value that asks
-for something we cannot do (`store: true`, tools, a service tier, audio) is a line error that says so: it is
+for something we cannot do (`store: true`, `functions`, a service tier, audio) is a line error that says so: it is
 never silently ignored. null is the default everywhere, as in the OpenAI API, and is always accepted.
 """
 
@@ -67,7 +67,7 @@ def _bool(name: str, value: Any) -> None:
         raise BadValue(ErrorCode.INVALID_TYPE, name, f"must be true or false, got {describe(value)}")
 
 
-_NO_TOOLS = "this server does not call tools or functions"
+_NO_TOOLS = "the deprecated functions fields are not supported; give tools and tool_choice instead"
 _CACHE_HINT = _object  # prompt caching is automatic here; a hint about it changes no output
 
 # Both endpoints.
@@ -85,17 +85,13 @@ CHAT: dict[str, Callable[[str, Any], None]] = {
     "metadata": _metadata,
     "store": _only(False, why="results are kept in the job's output only, not stored for distillation or evals"),
     "service_tier": _only("auto", "default", why="every request runs at the same tier here"),
-    # Without tools (which are never accepted) it has nothing to act on.
-    "parallel_tool_calls": _bool,
-    "tools": _only([], why=_NO_TOOLS),
-    "tool_choice": _only("none", "auto", why=_NO_TOOLS),
+    # The deprecated function-calling fields; tools, tool_choice and parallel_tool_calls are params.py's.
     "functions": _only([], why=_NO_TOOLS),
     "function_call": _only("none", "auto", why=_NO_TOOLS),
     "modalities": _only(["text"], why="only text output is generated"),
     "audio": _unsupported("audio output is not supported"),
     "prediction": _unsupported("predicted outputs are not supported"),
     "web_search_options": _unsupported("web search is not available"),
-    "reasoning_effort": _unsupported("reasoning effort is not adjustable here; the model decides how much to write"),
     "verbosity": _only("medium", why="output length follows max_tokens and the prompt here"),
     "moderation": _unsupported("moderation is not available"),
 }

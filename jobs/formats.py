@@ -40,10 +40,12 @@ from omlx_jobs.jobs.params import (
     validate_params,
 )
 from omlx_jobs.jobs.parts import parse_content
+from omlx_jobs.jobs.tools import tool_message
 
 ENDPOINTS = (CHAT_URL, COMPLETIONS_URL)
 MAX_CUSTOM_ID_CHARS = 512
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id")
 NO_FILES = ImageAccess()  # data: URIs only; no local files, no remote URLs
 BATCH_KEYS = ("custom_id", "method", "url", "body")
 
@@ -103,29 +105,30 @@ def _messages(value: Any, where: str, images: ImageAccess) -> list[dict[str, Any
             raise BadValue(
                 ErrorCode.INVALID_TYPE, here, f"must be an object with role and content, got {describe(msg)}"
             )
-        extra = sorted(set(msg) - {"role", "content"})
+        extra = sorted(set(msg) - set(MESSAGE_KEYS))
         if extra:
             raise BadValue(
                 ErrorCode.UNKNOWN_FIELD,
                 f"{here}.{extra[0]}",
-                "unsupported message field; a message takes role and content only",
+                f"unsupported message field; a message takes {', '.join(MESSAGE_KEYS)}",
             )
         role = msg.get("role")
         if role is None:
             raise BadValue(ErrorCode.MISSING_FIELD, f"{here}.role", f"is missing; use one of {', '.join(ROLES)}")
         if not isinstance(role, str) or role not in ROLES:
-            hint = "; tool and function calls are not supported" if role in ("tool", "function") else ""
+            hint = "; give a function's result as a tool message" if role == "function" else ""
             raise BadValue(
                 ErrorCode.INVALID_ROLE, f"{here}.role", f"must be one of {', '.join(ROLES)}, got {describe(role)}{hint}"
             )
-        if msg.get("content") is None:
+        calls = tool_message(msg, here)  # an assistant's tool_calls, a tool message's tool_call_id
+        if msg.get("content") is None and "tool_calls" not in calls:
             raise BadValue(ErrorCode.MISSING_FIELD, f"{here}.content", "is missing or null; give the message text")
-        content = parse_content(msg["content"], f"{here}.content", role, images)
-        if not content and role != "assistant":
+        content = parse_content(msg.get("content") or "", f"{here}.content", role, images)
+        if not content and role not in ("assistant", "tool"):
             raise BadValue(
                 ErrorCode.EMPTY_VALUE, f"{here}.content", "must not be empty; give the message text or drop the message"
             )
-        out.append({"role": role, "content": content})
+        out.append({"role": role, "content": content, **calls})
     return out
 
 

@@ -31,12 +31,35 @@ OUTPUT_COLUMNS = (
 def _usage(row: Any) -> dict[str, Any]:
     prompt = row.prompt_tokens or 0
     completion = row.completion_tokens or 0
-    return {
+    usage = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": row.cached_tokens or 0},
     }
+    extras = getattr(row, "chat_extras", None)
+    if extras:
+        thought = sum((e or {}).get("reasoning_tokens", 0) for e in extras)
+        usage["completion_tokens_details"] = {"reasoning_tokens": thought}
+    return usage
+
+
+def _message(row: Any, i: int, text: str) -> dict[str, Any]:
+    """A chat choice's message: the answer, and its thinking and tool calls where it has them (issue 24)."""
+    extras = getattr(row, "chat_extras", None)
+    extra = extras[i] if extras and i < len(extras) else None
+    if not extra:
+        return {"role": "assistant", "content": text}
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if extra.get("reasoning_content") is not None:
+        message["reasoning_content"] = extra["reasoning_content"]
+    calls = extra.get("tool_calls")
+    if calls:
+        message["content"] = text or None
+        message["tool_calls"] = [
+            {"id": f"call_{row.id}_{i}_{j}", "type": "function", "function": dict(call)} for j, call in enumerate(calls)
+        ]
+    return message
 
 
 def _choices(row: Any) -> list[tuple[str, str | None]]:
@@ -65,7 +88,7 @@ def response_body(row: Any, model: str) -> dict[str, Any]:
             "choices": [
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": text},
+                    "message": _message(row, i, text),
                     "logprobs": lp(i),
                     "finish_reason": reason,
                 }

@@ -8,7 +8,7 @@ from typing import Any
 
 from omlx_jobs import defaults
 from omlx_jobs.errors import ErrorCode
-from omlx_jobs.jobs import compat
+from omlx_jobs.jobs import compat, reasoning, tools
 from omlx_jobs.jobs.errors import BadValue, check_text, describe, did_you_mean, shown
 from omlx_jobs.jobs.response_format import ResponseFormat, validate_response_format
 
@@ -178,6 +178,13 @@ CHAT_CHECKS: dict[str, Any] = {
     "logprobs": lambda n, v: _check_bool(n, v, hint="; give the number of alternatives as top_logprobs"),
     "top_logprobs": lambda n, v: _check_int(n, v, 0, MAX_TOP_LOGPROBS),
     "logit_bias": lambda n, v: _check_logit_bias(n, v),
+    # Reasoning and tool calls (issue 24): jobs/reasoning.py and jobs/tools.py.
+    "tools": tools.validate_tools,
+    "tool_choice": tools.validate_tool_choice,
+    "parallel_tool_calls": tools.validate_parallel,
+    "reasoning_effort": reasoning.validate_effort,
+    "chat_template_kwargs": reasoning.validate_template_kwargs,
+    "thinking_token_budget": reasoning.validate_budget,
 }
 COMPLETION_CHECKS: dict[str, Any] = {
     "logprobs": lambda n, v: _check_completion_logprobs(n, v),
@@ -191,6 +198,7 @@ _ELSEWHERE = {
     "echo": f"echo is a {COMPLETIONS_URL} parameter (a chat reply cannot echo its prompt)",
     "suffix": f"suffix is a {COMPLETIONS_URL} parameter",
     "best_of": f"best_of is a {COMPLETIONS_URL} parameter",
+    "max_reasoning_tokens": "the thinking budget is called thinking_token_budget here (vLLM's name): rename it",
 }
 
 
@@ -311,4 +319,5 @@ def _cross_checks(out: dict[str, Any], where: str) -> dict[str, Any]:
         )
     if "top_logprobs" in out and not out["top_logprobs"]:
         del out["top_logprobs"]  # 0 is the default
+    tools.cross_check(out, where)
     return out

@@ -120,6 +120,8 @@ class Request(Base):
     finish_reason: Mapped[str | None] = mapped_column(String(16), default=None)
     # Logprobs when asked for (logprobs, echo), in worker/logprobs.py's stored form; NULL otherwise.
     logprobs: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    # Per choice, when the model thought or called tools: reasoning_content, tool_calls, reasoning_tokens.
+    chat_extras: Mapped[list[dict[str, Any] | None] | None] = mapped_column(JSON, default=None)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
     cached_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
     completion_tokens: Mapped[int | None] = mapped_column(Integer, default=None)

@@ -20,6 +20,8 @@ class CompletionRow:
     """Choices after the first, for n > 1: [{"text": ..., "finish_reason": ...}, ...]."""
     logprobs: dict[str, Any] | None = None
     """Only when the request asked for logprobs or echo: the stored form of worker/logprobs.py."""
+    chat_extras: list[dict[str, Any] | None] | None = None
+    """Per choice (None for one without): its reasoning_content, tool_calls and reasoning_tokens (issue 24)."""
     started_at: float | None = None
     """When the request first started; kept if the row already has one."""
 

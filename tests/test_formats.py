@@ -90,7 +90,7 @@ ERRORS = [
     (chat("hi"), "body.messages[0]", "invalid_type", 'got a string ("hi")'),
     (chat({"content": "hi"}), "body.messages[0].role", "missing_field", "use one of system"),
     (chat({"role": "User", "content": "hi"}), "body.messages[0].role", "invalid_role", 'got a string ("User")'),
-    (chat(USER, {"role": "function", "content": "x"}), "body.messages[1].role", "invalid_role", "function calls"),
+    (chat(USER, {"role": "function", "content": "x"}), "body.messages[1].role", "invalid_role", "as a tool message"),
     (chat({"role": "user", "content": None}), "body.messages[0].content", "missing_field", "or null"),
     (chat({"role": "system", "content": ""}), "body.messages[0].content", "empty_value", "drop the message"),
     (chat({"role": "user", "content": []}), "body.messages[0].content", "empty_value", "must not be empty"),
@@ -133,7 +133,8 @@ ERRORS = [
         "invalid_type",
         "must be a string",
     ),
-    (chat({**USER, "tool_calls": []}), "body.messages[0].tool_calls", "unknown_field", "role and content only"),
+    (chat({**USER, "tool_calls": []}), "body.messages[0].tool_calls", "invalid_value", "only assistant messages"),
+    (chat({**USER, "weight": 1}), "body.messages[0].weight", "unknown_field", "a message takes role, content"),
     (chat({"role": "user", "content": "a\ud800"}), "body.messages[0].content", "invalid_encoding", "surrogate"),
     # prompts
     ('{"prompt": ""}', "prompt", "empty_value", "give the prompt text"),

@@ -59,10 +59,16 @@ def build_tiny_model(
     context_length: int = 512,
     seed: int = 0,
     vocab_padding: int = 0,
+    chat_template: str = CHATML_TEMPLATE,
+    special_tokens: tuple[str, ...] = (),
+    added_tokens: tuple[str, ...] = (),
+    eos_token: str = "<|im_end|>",
 ) -> Path:
     """Write config.json, model.safetensors and a tokenizer into `path`; return it.
 
     `vocab_padding` adds logits past the tokenizer's vocabulary, as many real models have (rounded-up sizes).
+    `special_tokens` are added to the default ones; `added_tokens` are one token each but not special (as
+    Qwen3's `<think>` and `<tool_call>`), so a grammar can spell them.
     """
     import mlx.core as mx
     from mlx.utils import tree_flatten
@@ -71,25 +77,30 @@ def build_tiny_model(
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = train_tokenizer(path, vocab_size, SPECIAL_TOKENS, _CORPUS)
+    tokenizer = train_tokenizer(path, vocab_size, [*SPECIAL_TOKENS, *special_tokens], _CORPUS)
+    if added_tokens:
+        from tokenizers import AddedToken
+
+        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
+        tokenizer.save(str(path / "tokenizer.json"))
     real_vocab = tokenizer.get_vocab_size()
-    eos_id = tokenizer.token_to_id("<|im_end|>")
+    eos_id = tokenizer.token_to_id(eos_token)
 
     (path / "tokenizer_config.json").write_text(
         json.dumps(
             {
                 "tokenizer_class": "PreTrainedTokenizerFast",
                 "bos_token": None,
-                "eos_token": "<|im_end|>",
+                "eos_token": eos_token,
                 "pad_token": "<|endoftext|>",
                 "unk_token": None,
                 "model_max_length": context_length,
-                "chat_template": CHATML_TEMPLATE,
+                "chat_template": chat_template,
                 "add_prefix_space": False,
             }
         )
     )
-    (path / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
+    (path / "special_tokens_map.json").write_text(json.dumps({"eos_token": eos_token, "pad_token": "<|endoftext|>"}))
 
     config = {
         "model_type": "qwen3",

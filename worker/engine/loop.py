@@ -218,6 +218,10 @@ class Engine:
             faults.on_row(work, row)
         if self._extras(run, a, seq, row):
             return None
+        if work.chat is not None:  # the thinking budget, an answer grammar gated on the thinking (issue 24)
+            seq.chat = work.chat
+            constraint = seq.extra.logits.constraint if seq.extra is not None else None
+            row.processors = work.chat.attach(row.processors, constraint, self.eos)
         match = self.cache.lookup(prompt.key, limit=n) if self.prefix_enabled else None
         if match is not None and match.length == n and match.entry.tokens == n and match.entry.logits is not None:
             run.collector.start(a.item, work, cached=self.warmups.charges.cached(prompt.key, n))
@@ -310,6 +314,8 @@ class Engine:
                 self._fail(run, seq.item, RequestFailure(ErrorCode.GRAMMAR_ERROR, message))
                 return
             choice.text = before + text
+        if seq.chat is not None:  # the thinking split from the answer, tool calls parsed
+            choice.text, choice.finish_reason, choice.chat = seq.chat.finish(choice.text, seq.tokens, reason)
         run.collector.finish(seq.item, seq.choice, choice)
 
     def _fail(self, run: _Run, item: int, failure: RequestFailure) -> None:

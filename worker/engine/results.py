@@ -26,6 +26,8 @@ class Choice:
     """Its tokens' logprobs in their stored entry form (jobs/stored_logprobs.py), when asked for."""
     prompt_logprobs: list[Entry] | None = None
     """echo with logprobs: the prompt's entries (the same for every choice)."""
+    chat: dict[str, Any] | None = None
+    """A chat answer's reasoning_content, tool_calls and reasoning_tokens, if any (worker/reasoning/plan.py)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ def completion_row(result: ItemResult) -> CompletionRow:
         completion_tokens=result.completion_tokens,
         more_choices=[{"text": c.text, "finish_reason": c.finish_reason} for c in more] or None,
         logprobs=_stored_logprobs(result.choices),
+        chat_extras=[c.chat for c in result.choices] if any(c.chat for c in result.choices) else None,
         started_at=result.started_at,
     )
 

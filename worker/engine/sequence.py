@@ -31,6 +31,8 @@ class WorkItem:
     """Built from `tokens` unless given (an image prompt brings its own key)."""
     output: OutputParams = field(default_factory=OutputParams)
     """What it asks for beyond sampling: response_format, logit_bias, logprobs, echo (worker/extras/outputs.py)."""
+    chat: Any = None
+    """A chat request's reasoning and tool-call plan (worker/reasoning/plan.py's ChatPlan), if it has one."""
 
     def __post_init__(self) -> None:
         if self.prompt is None:
@@ -48,6 +50,8 @@ class SequenceState:
     generated: int = 0
     extra: Any = None
     """Its worker.outputs.ChoiceOutputs when the request asks for a format, a bias or logprobs."""
+    chat: Any = None
+    """Its item's ChatPlan (worker/reasoning/plan.py): the message is made from the text at the end."""
 
     def consume(self, tokens: Sequence[int], finish: str | None) -> str | None:
         """Take one step's tokens (the backend's finish reason for them); returns why the sequence ended, if it did.

@@ -93,24 +93,50 @@ class GrammarTokenizer:
 
 
 class Constraint:
-    """One choice's grammar state: it consumes each sampled token and fills the mask for the next one."""
+    """One choice's grammar state: it consumes each sampled token and fills the mask for the next one.
+
+    With a `gate` (a reasoning/budget.py ThinkTracker), the grammar applies to the answer only: tokens before the
+    answer starts pass it by, and while the model thinks every token is allowed (at the first token, the open
+    marker too, so that a template which lets the model open its thinking still can).
+    """
 
     def __init__(self, matcher: Any, tokenizer: GrammarTokenizer) -> None:
         self.matcher = matcher
         self.tokenizer = tokenizer
+        self.gate: Any = None
+        self._fed = 0
 
     def consume(self, tokens: Sequence[int]) -> None:
         """Advance past sampled tokens. A token the mask did not allow puts the matcher in its error state."""
         for t in tokens:
+            index, self._fed = self._fed, self._fed + 1
+            if self.gate is not None and (self.gate.answer_from is None or index < self.gate.answer_from):
+                continue  # thinking: not the grammar's
             if not self.matcher.consume_token(int(t)):
                 break
 
+    @property
+    def fills(self) -> bool:
+        """The grammar decides the next token (False while a gate's thinking runs)."""
+        return self.gate is None or self.gate.in_answer or self.gate.phase == "maybe"
+
+    def after_fill(self, bitmask: np.ndarray, row: int) -> None:
+        """A gate's part of the mask: all allowed while thinking, the open marker allowed where it may come."""
+        if self.gate is None or self.gate.in_answer:
+            return
+        if self.gate.phase == "maybe":
+            t = self.gate.markers.open_id
+            bitmask.view(np.uint32)[row, t // 32] |= np.uint32(1 << (t % 32))
+        else:
+            bitmask[row] = -1
+
     def fill(self, bitmask: np.ndarray, row: int) -> None:
         """Write the allowed next tokens into `bitmask[row]`; after an error only the end is allowed."""
-        if not self.matcher.is_error():
+        if self.fills and not self.matcher.is_error():
             llnp.fill_next_token_bitmask(self.matcher, bitmask, row)
         if self.matcher.is_error():
             self.tokenizer.eos_only(bitmask, row)
+        self.after_fill(bitmask, row)
 
     @property
     def error(self) -> str | None:
@@ -134,7 +160,7 @@ def fill_masks(constraints: Sequence[Constraint | None], bitmask: np.ndarray, ex
     With an executor (llguidance.LLExecutor) the rows are filled in parallel threads outside the GIL.
     """
     rows = [i for i, c in enumerate(constraints) if c is not None]
-    live = [(constraints[i].matcher, i) for i in rows if not constraints[i].matcher.is_error()]  # type: ignore[union-attr]
+    live = [(constraints[i].matcher, i) for i in rows if constraints[i].fills and not constraints[i].matcher.is_error()]  # type: ignore[union-attr]
     if executor is not None and len(live) > 1:
         llnp.fill_next_token_bitmask_par(executor, live, bitmask)
     else:
@@ -143,6 +169,7 @@ def fill_masks(constraints: Sequence[Constraint | None], bitmask: np.ndarray, ex
     for i in rows:
         if constraints[i].matcher.is_error():  # type: ignore[union-attr]
             constraints[i].tokenizer.eos_only(bitmask, i)  # type: ignore[union-attr]
+        constraints[i].after_fill(bitmask, i)  # type: ignore[union-attr]
     return rows
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from omlx_jobs.jobs.parts import image_urls
 from omlx_jobs.worker.backend.model import ModelBackend
 from omlx_jobs.worker.models.paths import ModelLoadError, context_length_of, model_identity
 from omlx_jobs.worker.prompts import ImageError, Prompt, PromptError
+from omlx_jobs.worker.reasoning.plan import ChatModel, ChatPlan
 
 
 @dataclass
@@ -37,6 +39,15 @@ class LoadedModel:
         """The engine's backend for this model (a vision model's computes image positions from embeddings)."""
         return ModelBackend(self.model, **kw)
 
+    @functools.cached_property
+    def chat(self) -> ChatModel:
+        """What the chat template says about thinking and tools (worker/reasoning/plan.py), found once."""
+        return ChatModel.of(self.tokenizer)
+
+    def chat_plan(self, endpoint: str, body: dict[str, Any], prompt: list[int]) -> ChatPlan | None:
+        """A chat request's reasoning and tool-call plan; None for completions and plain answers."""
+        return self.chat.plan(body, prompt) if endpoint == CHAT_URL else None
+
     @property
     def vocab_size(self) -> int:
         return int(self.config.get("vocab_size") or len(self.tokenizer.get_vocab()))
@@ -44,7 +55,7 @@ class LoadedModel:
     def encode(self, endpoint: str, body: dict[str, Any]) -> list[int]:
         """Prompt tokens: messages through the chat template, a completion prompt tokenized as given."""
         if endpoint == CHAT_URL:
-            return self._encode_chat(body["messages"])
+            return self._encode_chat(body)
         prompt = body["prompt"]
         if isinstance(prompt, list):
             vocab = self.vocab_size  # once, not once per token
@@ -61,13 +72,14 @@ class LoadedModel:
             raise PromptError(ErrorCode.INVALID_PROMPT, "the prompt tokenizes to nothing")
         return list(ids)
 
-    def _encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        check_accepts_images(messages, model_is_vision=False, model=self.ref)  # mlx_lm.load: text-only
+    def _encode_chat(self, body: dict[str, Any]) -> list[int]:
+        check_accepts_images(body["messages"], model_is_vision=False, model=self.ref)  # mlx_lm.load: text-only
         tok = self.tokenizer
         if not getattr(tok, "chat_template", None):
             raise PromptError(
                 ErrorCode.NO_CHAT_TEMPLATE, "this model has no chat template; send prompts to /v1/completions instead"
             )
+        messages, kwargs = self.chat.render_kwargs(body)  # tools, enable_thinking, chat_template_kwargs
         # A final assistant message is continued (a prefill), not answered.
         cont = messages[-1]["role"] == "assistant"
         try:
@@ -76,6 +88,7 @@ class LoadedModel:
                 add_generation_prompt=not cont,
                 continue_final_message=cont,
                 tokenize=True,
+                **kwargs,
             )
         except Exception as exc:  # jinja raises for roles or orders a template does not support
             message = f"the chat template rejected these messages: {exc}"

@@ -209,12 +209,14 @@ def work_items(
         try:
             prompt = engine.loaded.prompt(req.endpoint, req.body)  # images fetched and checked here
             tokens = prompt.tokens
+            chat = engine.loaded.chat_plan(req.endpoint, req.body, tokens)  # reasoning and tools (issue 24)
+            output = chat.constrain(output) if chat is not None else output
             engine.check(tokens, params, output)
         except PromptError as exc:
             store.record_failure(req.id, exc.code, exc.message, prompt_tokens=len(tokens) or None, run_id=run_id)
             outcome.failed += 1
             continue
-        yield WorkItem(req.id, tokens, params, prompt, output=output), req.sort_key
+        yield WorkItem(req.id, tokens, params, prompt, output=output, chat=chat), req.sort_key
 
 
 def store_results(store: Store, results: list[ItemResult], run_id: int | None = None) -> tuple[int, int]:
