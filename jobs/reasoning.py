@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.errors import BadValue, describe, shown
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")  # the openai client's values
@@ -22,27 +23,31 @@ RESERVED_KWARGS = ("messages", "tools", "add_generation_prompt", "continue_final
 
 def validate_effort(name: str, value: Any) -> str:
     if value not in EFFORTS:
-        raise BadValue("invalid_value", name, f"must be one of {', '.join(EFFORTS)}, got {shown(value)}")
+        raise BadValue(ErrorCode.INVALID_VALUE, name, f"must be one of {', '.join(EFFORTS)}, got {shown(value)}")
     return str(value)
 
 
 def validate_budget(name: str, value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
-        raise BadValue("invalid_type", name, f"must be an integer number of thinking tokens, got {describe(value)}")
+        raise BadValue(
+            ErrorCode.INVALID_TYPE, name, f"must be an integer number of thinking tokens, got {describe(value)}"
+        )
     if not 0 <= value <= MAX_BUDGET:
-        raise BadValue("out_of_range", name, f"must be between 0 and {MAX_BUDGET}, got {value}")
+        raise BadValue(ErrorCode.OUT_OF_RANGE, name, f"must be between 0 and {MAX_BUDGET}, got {value}")
     return value
 
 
 def validate_template_kwargs(name: str, value: Any) -> dict[str, Any] | None:
     """An object of template variables; which ones the template uses is checked by the worker, which has it."""
     if not isinstance(value, dict):
-        raise BadValue("invalid_type", name, f"must be an object of template variables, got {describe(value)}")
+        raise BadValue(ErrorCode.INVALID_TYPE, name, f"must be an object of template variables, got {describe(value)}")
     if len(value) > MAX_TEMPLATE_KWARGS:
-        raise BadValue("out_of_range", name, f"holds {len(value)} keys; at most {MAX_TEMPLATE_KWARGS} are allowed")
+        raise BadValue(
+            ErrorCode.OUT_OF_RANGE, name, f"holds {len(value)} keys; at most {MAX_TEMPLATE_KWARGS} are allowed"
+        )
     for key in value:
         if key in RESERVED_KWARGS or not key.isidentifier():
-            raise BadValue("invalid_value", f"{name}.{key}", "is not a template variable a request may set")
+            raise BadValue(ErrorCode.INVALID_VALUE, f"{name}.{key}", "is not a template variable a request may set")
     return dict(value) or None
 
 

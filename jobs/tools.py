@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.errors import BadValue, check_text, describe, shown
 from omlx_jobs.jobs.response_format import check_schema
 
@@ -25,25 +26,31 @@ EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 def _function(value: Any, name: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise BadValue("invalid_type", name, f"must be an object with name and parameters, got {describe(value)}")
+        raise BadValue(
+            ErrorCode.INVALID_TYPE, name, f"must be an object with name and parameters, got {describe(value)}"
+        )
     extra = sorted(set(value) - set(FUNCTION_KEYS))
     if extra:
-        raise BadValue("unknown_field", f"{name}.{extra[0]}", f"a function takes {', '.join(FUNCTION_KEYS)}")
+        raise BadValue(ErrorCode.UNKNOWN_FIELD, f"{name}.{extra[0]}", f"a function takes {', '.join(FUNCTION_KEYS)}")
     fname = value.get("name")
     if not isinstance(fname, str) or not NAME.match(fname):
         raise BadValue(
-            "invalid_value", f"{name}.name", f"must be 1-64 letters, digits, '_', '.' or '-', got {shown(fname)}"
+            ErrorCode.INVALID_VALUE,
+            f"{name}.name",
+            f"must be 1-64 letters, digits, '_', '.' or '-', got {shown(fname)}",
         )
     out: dict[str, Any] = {"name": fname}
     if value.get("description") is not None:
         if not isinstance(value["description"], str):
-            raise BadValue("invalid_type", f"{name}.description", "must be a string")
+            raise BadValue(ErrorCode.INVALID_TYPE, f"{name}.description", "must be a string")
         out["description"] = check_text(value["description"], f"{name}.description")
     params = value.get("parameters")
     if params is None:
         params = EMPTY_PARAMETERS
     if not isinstance(params, dict):
-        raise BadValue("invalid_type", f"{name}.parameters", f"must be a JSON schema object, got {describe(params)}")
+        raise BadValue(
+            ErrorCode.INVALID_TYPE, f"{name}.parameters", f"must be a JSON schema object, got {describe(params)}"
+        )
     problem = check_schema(json.dumps(params, ensure_ascii=False, separators=(",", ":")))
     if problem is not None:
         code, path, message = problem
@@ -51,7 +58,7 @@ def _function(value: Any, name: str) -> dict[str, Any]:
     out["parameters"] = params
     strict = value.get("strict")
     if strict is not None and not isinstance(strict, bool):
-        raise BadValue("invalid_type", f"{name}.strict", f"must be true or false, got {describe(strict)}")
+        raise BadValue(ErrorCode.INVALID_TYPE, f"{name}.strict", f"must be true or false, got {describe(strict)}")
     if strict:
         out["strict"] = True
     return out
@@ -60,23 +67,27 @@ def _function(value: Any, name: str) -> dict[str, Any]:
 def validate_tools(name: str, value: Any) -> list[dict[str, Any]] | None:
     """The normalized tools list ([{"type": "function", "function": {...}}]), or None for an empty one."""
     if not isinstance(value, list):
-        raise BadValue("invalid_type", name, f"must be a list of tools, got {describe(value)}")
+        raise BadValue(ErrorCode.INVALID_TYPE, name, f"must be a list of tools, got {describe(value)}")
     if len(value) > MAX_TOOLS:
-        raise BadValue("out_of_range", name, f"holds {len(value)} tools; at most {MAX_TOOLS} are allowed")
+        raise BadValue(ErrorCode.OUT_OF_RANGE, name, f"holds {len(value)} tools; at most {MAX_TOOLS} are allowed")
     out, seen = [], set()
     for i, tool in enumerate(value):
         here = f"{name}[{i}]"
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else None
             raise BadValue(
-                "unsupported_parameter", f"{here}.type", f'only "function" tools are supported, got {shown(kind)}'
+                ErrorCode.UNSUPPORTED_PARAMETER,
+                f"{here}.type",
+                f'only "function" tools are supported, got {shown(kind)}',
             )
         extra = sorted(set(tool) - {"type", "function"})
         if extra:
-            raise BadValue("unknown_field", f"{here}.{extra[0]}", "a tool takes type and function")
+            raise BadValue(ErrorCode.UNKNOWN_FIELD, f"{here}.{extra[0]}", "a tool takes type and function")
         fn = _function(tool.get("function"), f"{here}.function")
         if fn["name"] in seen:
-            raise BadValue("invalid_value", f"{here}.function.name", f"{fn['name']!r} is given twice; rename one")
+            raise BadValue(
+                ErrorCode.INVALID_VALUE, f"{here}.function.name", f"{fn['name']!r} is given twice; rename one"
+            )
         seen.add(fn["name"])
         out.append({"type": "function", "function": fn})
     return out or None
@@ -86,23 +97,23 @@ def validate_tool_choice(name: str, value: Any) -> str | dict[str, Any]:
     """ "none", "auto", "required", or {"type": "function", "function": {"name": ...}}."""
     if isinstance(value, str):
         if value not in CHOICES:
-            raise BadValue("invalid_value", name, f"must be one of {', '.join(CHOICES)} or a named function")
+            raise BadValue(ErrorCode.INVALID_VALUE, name, f"must be one of {', '.join(CHOICES)} or a named function")
         return value
     fn = value.get("function") if isinstance(value, dict) else None
     if not isinstance(value, dict) or value.get("type") != "function" or not isinstance(fn, dict):
         raise BadValue(
-            "invalid_value",
+            ErrorCode.INVALID_VALUE,
             name,
             f'must be one of {", ".join(CHOICES)} or {{"type": "function", "function": {{"name": ...}}}}',
         )
     if not isinstance(fn.get("name"), str):
-        raise BadValue("invalid_type", f"{name}.function.name", "must be the name of one of the tools")
+        raise BadValue(ErrorCode.INVALID_TYPE, f"{name}.function.name", "must be the name of one of the tools")
     return {"type": "function", "function": {"name": fn["name"]}}
 
 
 def validate_parallel(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise BadValue("invalid_type", name, f"must be true or false, got {describe(value)}")
+        raise BadValue(ErrorCode.INVALID_TYPE, name, f"must be true or false, got {describe(value)}")
     return value
 
 
@@ -111,18 +122,22 @@ def cross_check(out: dict[str, Any], where: str) -> None:
     tools, choice = out.get("tools"), out.get("tool_choice")
     if tools and out.get("response_format"):
         raise BadValue(
-            "conflicting_fields",
+            ErrorCode.CONFLICTING_FIELDS,
             f"{where}response_format",
             "tools and response_format cannot be enforced together yet; give one of them",
         )
     if choice not in (None, "none", "auto") and not tools:
-        raise BadValue("conflicting_fields", f"{where}tool_choice", f"{shown(choice)} needs a non-empty tools list")
+        raise BadValue(
+            ErrorCode.CONFLICTING_FIELDS, f"{where}tool_choice", f"{shown(choice)} needs a non-empty tools list"
+        )
     if isinstance(choice, dict):
         names = [t["function"]["name"] for t in tools or ()]
         wanted = choice["function"]["name"]
         if wanted not in names:
             raise BadValue(
-                "invalid_value", f"{where}tool_choice.function.name", f"{wanted!r} is not among the tools: {names}"
+                ErrorCode.INVALID_VALUE,
+                f"{where}tool_choice.function.name",
+                f"{wanted!r} is not among the tools: {names}",
             )
     if choice == "auto" or (choice == "none" and not tools):
         del out["tool_choice"]  # the default (auto with tools, none without)
@@ -138,14 +153,14 @@ def tool_message(msg: dict[str, Any], here: str) -> dict[str, Any]:
         cid = msg.get("tool_call_id")
         if not isinstance(cid, str) or not cid:
             message = "a tool message needs the id of the call it answers"
-            raise BadValue("missing_field", f"{here}.tool_call_id", message)
+            raise BadValue(ErrorCode.MISSING_FIELD, f"{here}.tool_call_id", message)
         out["tool_call_id"] = cid
     calls = msg.get("tool_calls")
     if calls is not None:
         if role != "assistant":
-            raise BadValue("invalid_value", f"{here}.tool_calls", "only assistant messages carry tool_calls")
+            raise BadValue(ErrorCode.INVALID_VALUE, f"{here}.tool_calls", "only assistant messages carry tool_calls")
         if not isinstance(calls, list):
-            raise BadValue("invalid_type", f"{here}.tool_calls", f"must be a list, got {describe(calls)}")
+            raise BadValue(ErrorCode.INVALID_TYPE, f"{here}.tool_calls", f"must be a list, got {describe(calls)}")
         out["tool_calls"] = [_history_call(c, f"{here}.tool_calls[{i}]") for i, c in enumerate(calls)]
     return out
 
@@ -153,14 +168,18 @@ def tool_message(msg: dict[str, Any], here: str) -> dict[str, Any]:
 def _history_call(call: Any, here: str) -> dict[str, Any]:
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise BadValue("invalid_value", here, 'must be {"id", "type": "function", "function": {"name", "arguments"}}')
+        raise BadValue(
+            ErrorCode.INVALID_VALUE, here, 'must be {"id", "type": "function", "function": {"name", "arguments"}}'
+        )
     args = fn.get("arguments", "{}")
     if not isinstance(args, str):
-        raise BadValue("invalid_type", f"{here}.function.arguments", "must be a JSON string, as OpenAI writes it")
+        raise BadValue(
+            ErrorCode.INVALID_TYPE, f"{here}.function.arguments", "must be a JSON string, as OpenAI writes it"
+        )
     try:
         json.loads(args)
     except ValueError:
-        raise BadValue("invalid_value", f"{here}.function.arguments", "is not valid JSON") from None
+        raise BadValue(ErrorCode.INVALID_VALUE, f"{here}.function.arguments", "is not valid JSON") from None
     out = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
     if isinstance(call.get("id"), str):
         out["id"] = call["id"]
