@@ -42,6 +42,7 @@ IMAGE_SOURCE_CODES = frozenset(
         "image_path_not_allowed",
         "remote_images_disabled",
         "image_host_not_allowed",
+        "image_rejected_by_processor",
     }
 )
 
@@ -131,7 +132,7 @@ def classify(url: str, access: ImageAccess) -> ImageSource:
             )
         host = urlsplit(url).hostname
         if not host:
-            raise ImageSourceError("invalid_image_url", f"{_short(url)} has no host name")
+            raise ImageSourceError("invalid_image_url", f"{short(url)} has no host name")
         _check_literal_host(url, host, access)
         return RemoteImage(url)
     if scheme == "file":
@@ -154,7 +155,7 @@ def _check_literal_host(url: str, host: str, access: ImageAccess) -> None:
     if address is not None and not access.remote_hosts.allows(host, address):
         raise ImageSourceError(
             "image_host_not_allowed",
-            f"{_short(url)} names a loopback, private, link-local or reserved address, which remote images may "
+            f"{short(url)} names a loopback, private, link-local or reserved address, which remote images may "
             "not reach; allow it with --allow-remote-hosts (on submit and the worker) if it is meant to be fetched",
         )
 
@@ -171,28 +172,28 @@ def confine(path: str, access: ImageAccess) -> Path:
         raise ImageSourceError("invalid_image_url", "the path holds a NUL byte")
     if not os.path.isabs(path):
         raise ImageSourceError(
-            "invalid_image_url", f"{_short(path)} is a relative path; give an absolute path or a file:// URL"
+            "invalid_image_url", f"{short(path)} is a relative path; give an absolute path or a file:// URL"
         )
     try:
         real = Path(path).resolve(strict=True)
     except FileNotFoundError:
-        raise ImageSourceError("image_not_found", f"{_short(path)} does not exist") from None
+        raise ImageSourceError("image_not_found", f"{short(path)} does not exist") from None
     except (OSError, RuntimeError) as exc:  # a symlink loop, a permission error on a parent
-        raise ImageSourceError("image_not_found", f"{_short(path)} cannot be resolved: {exc}") from None
+        raise ImageSourceError("image_not_found", f"{short(path)} cannot be resolved: {exc}") from None
     if not any(real.is_relative_to(d) for d in access.allowed_dirs):
         shown = ", ".join(str(d) for d in access.allowed_dirs)
         via = f" (it resolves to {real})" if str(real) != os.path.normpath(path) else ""
         raise ImageSourceError(
             "image_path_not_allowed",
-            f"{_short(path)}{via} is outside the allowed folders ({shown}); move it there or allow its folder "
+            f"{short(path)}{via} is outside the allowed folders ({shown}); move it there or allow its folder "
             "with --allow-files-from",
         )
     try:
         mode = real.stat().st_mode
     except OSError as exc:
-        raise ImageSourceError("image_not_found", f"{_short(path)} cannot be read: {exc}") from None
+        raise ImageSourceError("image_not_found", f"{short(path)} cannot be read: {exc}") from None
     if not stat.S_ISREG(mode):
-        raise ImageSourceError("invalid_image", f"{_short(path)} is not a regular file")
+        raise ImageSourceError("invalid_image", f"{short(path)} is not a regular file")
     return real
 
 
@@ -204,15 +205,15 @@ def open_confined(source: FileImage, access: ImageAccess) -> IO[bytes]:
     try:
         fd = beneath.open_beneath(folder, path.relative_to(folder))
     except beneath.NotAFile:
-        raise ImageSourceError("invalid_image", f"{_short(str(path))} is not a regular file") from None
+        raise ImageSourceError("invalid_image", f"{short(str(path))} is not a regular file") from None
     except beneath.EscapeRefused as exc:
         raise ImageSourceError(
             "image_path_not_allowed",
-            f"{_short(str(path))} was not opened: {exc.strerror} (inside --allow-files-from folders, links are "
+            f"{short(str(path))} was not opened: {exc.strerror} (inside --allow-files-from folders, links are "
             "resolved only by the check before, never while opening, and mounts inside them are not crossed)",
         ) from None
     except OSError as exc:
-        raise ImageSourceError("image_not_found", f"{_short(str(path))} cannot be opened: {exc.strerror}") from None
+        raise ImageSourceError("image_not_found", f"{short(str(path))} cannot be opened: {exc.strerror}") from None
     return os.fdopen(fd, "rb")
 
 
@@ -227,7 +228,7 @@ def read_capped(stream: IO[bytes], max_bytes: int, what: str) -> bytes:
     data = stream.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ImageSourceError(
-            "image_too_large", f"{_short(what)} is over {max_bytes:,} bytes; send a smaller or re-encoded image"
+            "image_too_large", f"{short(what)} is over {max_bytes:,} bytes; send a smaller or re-encoded image"
         )
     return data
 
@@ -249,7 +250,7 @@ def check_format(data: bytes, what: str) -> str:
     """The format of `data`, or ImageSourceError (invalid_image) naming the formats accepted."""
     kind = sniff(data)
     if kind is None:
-        raise ImageSourceError("invalid_image", f"{_short(what)} is not a PNG, JPEG, WebP or GIF image")
+        raise ImageSourceError("invalid_image", f"{short(what)} is not a PNG, JPEG, WebP or GIF image")
     return kind
 
 
@@ -286,5 +287,5 @@ def _data_image(url: str, max_bytes: int) -> DataImage:
     return DataImage(media_type, data)
 
 
-def _short(text: str) -> str:
+def short(text: str) -> str:
     return text if len(text) <= 80 else text[:77] + "..."

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from rq.timeouts import BaseTimeoutException
+
 from omlx_jobs import defaults
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs import lifecycle
@@ -212,6 +214,14 @@ def work_items(
             engine.check(tokens, params, output)
         except PromptError as exc:
             store.record_failure(req.id, exc.code, exc.message, prompt_tokens=len(tokens) or None, run_id=run_id)
+            outcome.failed += 1
+            continue
+        except BaseTimeoutException:
+            raise  # the shard's timeout, raised by RQ wherever the run is: never one request's
+        except Exception as exc:  # any other failure building one prompt is that request's alone (issue 21, 1)
+            message = f"building this request's prompt failed ({type(exc).__name__}: {str(exc)[:300]})"
+            log.exception("request %s: %s", req.id, message)
+            store.record_failure(req.id, ErrorCode.INVALID_PROMPT, message, run_id=run_id)
             outcome.failed += 1
             continue
         yield WorkItem(req.id, tokens, params, prompt, output=output), req.sort_key

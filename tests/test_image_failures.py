@@ -1,0 +1,132 @@
+"""One image never fails its shard (issue 21, finding 1): an image the processor refuses (a 1x300 PNG: Qwen2-VL's
+"absolute aspect ratio must be smaller than 200") and a JPEG whose EXIF block makes Pillow raise struct.error
+fail their own requests, with a typed code, while planning goes on: the other image and the text-only requests
+of the same shard complete. Running the shard again (retry, resume) settles nothing twice and never loops.
+Also: the same size is refused at submit, from the header alone, with the line and field named."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mlx_vlm")
+
+from PIL import Image  # noqa: E402
+
+from omlx_jobs.jobs import lifecycle  # noqa: E402
+from omlx_jobs.jobs.images import ImageAccess  # noqa: E402
+from omlx_jobs.jobs.submit import load_job  # noqa: E402
+from omlx_jobs.store import RequestStatus, Store  # noqa: E402
+from omlx_jobs.worker import loading  # noqa: E402
+from omlx_jobs.worker.engine.config import EngineConfig  # noqa: E402
+from omlx_jobs.worker.engine.loop import Engine  # noqa: E402
+from omlx_jobs.worker.runtime.shard import run_shard  # noqa: E402
+from omlx_jobs.worker.vision.images import decode  # noqa: E402
+from omlx_jobs.worker.vision.loaded import VisionLoaded  # noqa: E402
+from tests.tiny_vlm import build_tiny_vlm  # noqa: E402
+
+# An EXIF block (Orientation 6, an Exif IFD, a Make) with a few bytes flipped: ImageOps.exif_transpose raises
+# struct.error("required argument is not an integer") on it (found by mutating, Pillow 13).
+BAD_EXIF = bytes.fromhex(
+    "4578696600004578696600004d4d002a000000080003015300020000000463616d000112000300000001000600008769000400"
+    "00000100000032000000000001860300020000000b0000004400000000323032303a30313a30310000"
+)
+
+
+def image(w: int, h: int, fmt: str = "PNG", color: tuple[int, int, int] = (200, 30, 30)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), color).save(buf, fmt)
+    return buf.getvalue()
+
+
+def bad_exif_jpeg() -> bytes:
+    data = image(32, 32, "JPEG", (9, 99, 199))
+    return data[:2] + b"\xff\xe1" + struct.pack(">H", len(BAD_EXIF) + 2) + BAD_EXIF + data[2:]
+
+
+def line(cid: str, url: str | None, question: str = "What is in this picture?") -> str:
+    parts: list[dict[str, Any]] = [{"type": "text", "text": question}]
+    if url is not None:
+        parts.insert(0, {"type": "image_url", "image_url": {"url": url}})
+    body = {"messages": [{"role": "user", "content": parts}], "max_tokens": 3, "temperature": 0}
+    return json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": body})
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory: pytest.TempPathFactory) -> VisionLoaded:
+    out = loading.load(str(build_tiny_vlm(tmp_path_factory.mktemp("qwen2_vl"))))
+    assert isinstance(out, VisionLoaded)
+    return out
+
+
+def test_the_processor_refuses_a_1x300_png_and_exif_raises() -> None:
+    with pytest.raises(struct.error):  # the hostile input is real: Pillow itself raises on it
+        from PIL import ImageOps
+
+        ImageOps.exif_transpose(Image.open(io.BytesIO(bad_exif_jpeg())))
+    assert decode(image(1, 300)).height == 300  # it decodes: only the processor refuses it
+
+
+def test_a_bad_image_fails_its_request_alone_and_planning_goes_on(tmp_path: Path, vlm: VisionLoaded) -> None:
+    folder = tmp_path / "img"
+    folder.mkdir()
+    for name in ("thin.png", "exif.jpg", "good.png"):
+        (folder / name).write_bytes(image(64, 48))  # valid at submit; replaced after (the worker judges)
+    access = ImageAccess.create([folder])
+    lines = [
+        line("text-1", None, "Name three colors."),
+        line("thin", str(folder / "thin.png")),
+        line("exif", str(folder / "exif.jpg")),
+        line("good", str(folder / "good.png")),
+        line("text-2", None, "Count to three."),
+    ]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    store = Store(f"sqlite:///{tmp_path / 'jobs.db'}")
+    job = load_job(store, tmp_path / "in.jsonl", "m", images=access).job_id
+    (folder / "thin.png").write_bytes(image(1, 300))
+    (folder / "exif.jpg").write_bytes(bad_exif_jpeg())
+    vlm.access = access
+    engine = Engine(vlm, EngineConfig(completion_batch_size=4, prefill_batch_size=4))
+
+    outcome = run_shard(store, engine, job)
+    rows = {r.custom_id: r for r in store.iter_requests(job)}
+    assert {c: r.status for c, r in rows.items()} == {
+        "text-1": RequestStatus.COMPLETED,
+        "thin": RequestStatus.FAILED,
+        "exif": RequestStatus.FAILED,
+        "good": RequestStatus.COMPLETED,
+        "text-2": RequestStatus.COMPLETED,
+    }
+    assert rows["thin"].error_code == "image_rejected_by_processor"
+    assert "1x300" in rows["thin"].error_message and "aspect ratio" in rows["thin"].error_message
+    assert rows["exif"].error_code == "invalid_image" and "EXIF" in rows["exif"].error_message
+    assert (outcome.completed, outcome.failed) == (3, 2)
+    assert store.get_job(job).status == lifecycle.COMPLETED
+
+    again = run_shard(store, engine, job)  # what `run --resume` does: nothing is pending, nothing runs again
+    assert (again.completed, again.failed) == (0, 0)
+    assert {r.custom_id: r.error_code for r in store.iter_requests(job)} == {c: r.error_code for c, r in rows.items()}
+
+
+def test_submit_refuses_what_the_processor_would(tmp_path: Path) -> None:
+    folder = tmp_path / "img"
+    folder.mkdir()
+    (folder / "wide.jpg").write_bytes(image(402, 2, "JPEG"))
+    (folder / "fine.webp").write_bytes(image(300, 2, "WEBP"))  # 150:1 is allowed
+    uri = "data:image/png;base64," + base64.b64encode(image(1, 300)).decode()
+    gif = "data:image/gif;base64," + base64.b64encode(image(250, 1, "GIF")).decode()
+    lines = [line("a", uri), line("b", str(folder / "wide.jpg")), line("c", str(folder / "fine.webp")), line("d", gif)]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    store = Store(f"sqlite:///{tmp_path / 'jobs.db'}")
+    result = load_job(store, tmp_path / "in.jsonl", "m", images=ImageAccess.create([folder]))
+    assert result.rejected
+    got = {e.line: (e.code, e.field) for e in result.errors}
+    field = "body.messages[0].content[0].image_url.url"
+    assert got == {n: ("image_rejected_by_processor", field) for n in (1, 2, 4)}
+    assert "1x300" in result.errors[0].message and "crop or pad" in result.errors[0].message
