@@ -17,19 +17,19 @@ import pytest
 
 pytest.importorskip("mlx_vlm")
 
-from PIL import Image  # noqa: E402
+from PIL import Image
 
-from omlx_jobs.jobs import lifecycle  # noqa: E402
-from omlx_jobs.jobs.images import ImageAccess  # noqa: E402
-from omlx_jobs.jobs.submit import load_job  # noqa: E402
-from omlx_jobs.store import RequestStatus, Store  # noqa: E402
-from omlx_jobs.worker import loading  # noqa: E402
-from omlx_jobs.worker.engine.config import EngineConfig  # noqa: E402
-from omlx_jobs.worker.engine.loop import Engine  # noqa: E402
-from omlx_jobs.worker.runtime.shard import run_shard  # noqa: E402
-from omlx_jobs.worker.vision.images import decode  # noqa: E402
-from omlx_jobs.worker.vision.loaded import VisionLoaded  # noqa: E402
-from tests.tiny_vlm import build_tiny_vlm  # noqa: E402
+from omlx_jobs.jobs import lifecycle
+from omlx_jobs.jobs.images import ImageAccess
+from omlx_jobs.jobs.submit import load_job
+from omlx_jobs.store import RequestStatus, Store
+from omlx_jobs.worker import loading
+from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.loop import Engine
+from omlx_jobs.worker.runtime.shard import run_shard
+from omlx_jobs.worker.vision.images import decode
+from omlx_jobs.worker.vision.loaded import VisionLoaded
+from tests.tiny_vlm import build_tiny_vlm
 
 # An EXIF block (Orientation 6, an Exif IFD, a Make) with a few bytes flipped: ImageOps.exif_transpose raises
 # struct.error("required argument is not an integer") on it (found by mutating, Pillow 13).

@@ -157,7 +157,8 @@ def _broken(what: str, exc: BaseException) -> ImageError:
     if "truncated" in text.lower() or isinstance(exc, EOFError):
         return ImageError(ErrorCode.TRUNCATED_IMAGE, f"{what} is truncated (the file ends early); send the whole file")
     shown = f"{_kind(exc)}: {_clip(text)}" if text else _kind(exc)
-    return ImageError(ErrorCode.INVALID_IMAGE, f"{what} cannot be decoded ({shown}); send a valid PNG, JPEG, WebP or GIF")
+    message = f"{what} cannot be decoded ({shown}); send a valid PNG, JPEG, WebP or GIF"
+    return ImageError(ErrorCode.INVALID_IMAGE, message)
 
 
 def _kind(exc: BaseException) -> str:
