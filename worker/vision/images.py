@@ -125,7 +125,9 @@ def _decode(data: bytes, limits: ImageLimits, what: str) -> DecodedImage:
     except Image.DecompressionBombError:
         raise _too_many_pixels(what, (width, height), limits) from None
     try:
-        img = ImageOps.exif_transpose(img)
+        with warnings.catch_warnings():  # Pillow warns of each corrupt tag it skips: the error below says enough
+            warnings.simplefilter("ignore", UserWarning)
+            img = ImageOps.exif_transpose(img)
     except Exception as exc:  # a malformed EXIF block: struct.error, TypeError, KeyError, ...
         raise ImageError(
             ErrorCode.INVALID_IMAGE,
