@@ -10,6 +10,7 @@ import base64
 import io
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,11 @@ from omlx_jobs.store import RequestStatus, Store
 from omlx_jobs.worker import loading
 from omlx_jobs.worker.engine.config import EngineConfig
 from omlx_jobs.worker.engine.loop import Engine
+from omlx_jobs.worker.prompts import ImageError
 from omlx_jobs.worker.runtime.shard import run_shard
 from omlx_jobs.worker.vision.images import decode
 from omlx_jobs.worker.vision.loaded import VisionLoaded
+from omlx_jobs.worker.vision.media import ImageMemo, ImageRef, PixelCache
 from tests.tiny_vlm import build_tiny_vlm
 
 # An EXIF block (Orientation 6, an Exif IFD, a Make) with a few bytes flipped: ImageOps.exif_transpose raises
@@ -130,3 +133,37 @@ def test_submit_refuses_what_the_processor_would(tmp_path: Path) -> None:
     field = "body.messages[0].content[0].image_url.url"
     assert got == {n: ("image_rejected_by_processor", field) for n in (1, 2, 4)}
     assert "1x300" in result.errors[0].message and "crop or pad" in result.errors[0].message
+
+
+def scan_bomb(scans: int) -> bytes:
+    """A small progressive JPEG with one of its scans repeated `scans` times (a CPU bomb under the pixel limit)."""
+    data = image(64, 64, "JPEG")
+    buf = io.BytesIO()
+    Image.open(io.BytesIO(data)).save(buf, "JPEG", progressive=True)
+    data = buf.getvalue()
+    last = data.rindex(b"\xff\xda")
+    scan = data[last:-2]  # the last scan: its header and entropy-coded data, up to EOI
+    return data[:-2] + scan * scans + b"\xff\xd9"
+
+
+def test_a_progressive_jpeg_of_many_scans_is_refused_before_decoding() -> None:
+    assert decode(scan_bomb(10)).width == 64  # a few scans more than usual decode as before
+    bomb = scan_bomb(5000)
+    assert len(bomb) < 100_000
+    start = time.monotonic()
+    with pytest.raises(ImageError) as err:
+        decode(bomb)
+    assert time.monotonic() - start < 0.5  # counted, not decoded
+    assert err.value.code == "invalid_image" and "scans" in err.value.message
+
+
+def test_an_image_is_decoded_once(vlm: VisionLoaded) -> None:
+    uri = "data:image/png;base64," + base64.b64encode(image(56, 84, color=(1, 2, 3))).decode()
+    vlm.memo = ImageMemo()
+    prompt = vlm.prompt("/v1/chat/completions", json.loads(line("x", uri))["body"])
+    (span,) = prompt.media
+    assert span.image.pixels.size == (56, 84)  # what the encoder reads: the pixels decoded when loaded
+    assert vlm.memo.pixels.decodes == 0
+    vlm.memo.pixels = PixelCache(max_bytes=1)  # evicted: decoded again, once
+    fresh = ImageRef(span.image.data, 56, 84, span.image.digest, cache=vlm.memo.pixels)
+    assert fresh.pixels.size == (56, 84) and vlm.memo.pixels.decodes == 1
