@@ -167,3 +167,47 @@ def test_an_image_is_decoded_once(vlm: VisionLoaded) -> None:
     vlm.memo.pixels = PixelCache(max_bytes=1)  # evicted: decoded again, once
     fresh = ImageRef(span.image.data, 56, 84, span.image.digest, cache=vlm.memo.pixels)
     assert fresh.pixels.size == (56, 84) and vlm.memo.pixels.decodes == 1
+
+
+def test_remote_images_of_a_page_are_fetched_together(vlm: VisionLoaded) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body_png = image(56, 56, color=(9, 9, 9))
+    state = {"now": 0, "most": 0}
+    lock = threading.Lock()
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            with lock:
+                state["now"] += 1
+                state["most"] = max(state["most"], state["now"])
+            time.sleep(0.4)
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(body_png)))
+            self.end_headers()
+            self.wfile.write(body_png)
+            with lock:
+                state["now"] -= 1
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        vlm.access = ImageAccess.create(allow_remote=True, allow_remote_hosts=["127.0.0.1"])
+        vlm.memo = ImageMemo()
+        urls = [f"http://127.0.0.1:{server.server_port}/{i}.png" for i in range(4)]
+        bodies = [json.loads(line(str(i), u))["body"] for i, u in enumerate(urls)]
+        text = json.loads(line("t", None))["body"]
+        vlm.want_images([("/v1/chat/completions", b) for b in [text, *bodies]])
+        assert vlm.prompt("/v1/chat/completions", text).tokens  # a text row does not wait for the fetches
+        prompts = [vlm.prompt("/v1/chat/completions", b) for b in bodies]
+        assert all(p.media for p in prompts)
+        assert state["most"] >= 2  # several fetched at once, not one after another
+    finally:
+        server.shutdown()
+        vlm.access = ImageAccess()
+        vlm.prefetch = None

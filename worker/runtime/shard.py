@@ -227,6 +227,15 @@ def work_items(
         yield WorkItem(req.id, tokens, params, prompt, output=output), req.sort_key
 
 
+def _fetching_ahead(engine: EngineLike, pages: Iterable[list[PendingRequest]]) -> Iterator[list[PendingRequest]]:
+    """The pages, each one's remote images fetched several at once as it is read (vision/prefetch.py)."""
+    want = getattr(engine.loaded, "want_images", None)
+    for page in pages:
+        if want is not None:
+            want([(r.endpoint, r.body) for r in page])
+        yield page
+
+
 def store_results(store: Store, results: list[ItemResult], run_id: int | None = None) -> tuple[int, int]:
     """Commit a step's results: completions in one transaction (completion_row maps them), then each failure.
 
@@ -267,7 +276,8 @@ class ShardRun:
         self.plan_recorded = False
         # Rows are read a page at a time and tokenized as the scheduler plans them: memory follows the page.
         self.source = ShardInput()
-        rows = self.source.rows(store.pending_pages(outcome.job_id, self.start, self.end, page_rows=page_rows))
+        pages = _fetching_ahead(engine, store.pending_pages(outcome.job_id, self.start, self.end, page_rows=page_rows))
+        rows = self.source.rows(pages)
         self.source.placed = work_items(store, engine, rows, outcome, self.run_id)
 
     def run(self, control: Callable[[], Control] | None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,9 @@ from omlx_jobs.jobs.images import ImageAccess
 from omlx_jobs.worker.prompts import ImageError, MediaSpan, Prompt
 from omlx_jobs.worker.vision.images import DEFAULT_LIMITS, DecodedImage, ImageLimits, decode, fetch
 from omlx_jobs.worker.vision.prompt import ImageSpan, VisionPrompt
+
+Fetcher = Callable[[str, ImageAccess], bytes]
+"""Where an image's bytes come from (images.fetch, or a prefetch started ahead: prefetch.py)."""
 
 
 class PixelCache:
@@ -67,9 +71,14 @@ class ImageRef:
 
     @classmethod
     def load(
-        cls, url: str, access: ImageAccess, limits: ImageLimits = DEFAULT_LIMITS, cache: PixelCache | None = None
+        cls,
+        url: str,
+        access: ImageAccess,
+        limits: ImageLimits = DEFAULT_LIMITS,
+        cache: PixelCache | None = None,
+        fetcher: Fetcher = fetch,
     ) -> ImageRef:
-        data = fetch(url, access)
+        data = fetcher(url, access)
         image = decode(data, limits)
         if cache is not None:
             cache.put(image.digest, image.pixels)
@@ -104,7 +113,7 @@ class ImageMemo:
         self._items: OrderedDict[bytes, tuple[float, ImageRef | tuple[str, str]]] = OrderedDict()
         self._bytes = 0
 
-    def load(self, url: str, access: ImageAccess, limits: ImageLimits) -> ImageRef:
+    def load(self, url: str, access: ImageAccess, limits: ImageLimits, fetcher: Fetcher = fetch) -> ImageRef:
         if not url.startswith(("data:", "http://", "https://")):
             return ImageRef.load(url, access, limits, self.pixels)
         key, now = hashlib.sha256(url.encode("utf-8", "surrogatepass")).digest(), time.monotonic()
@@ -112,7 +121,7 @@ class ImageMemo:
         if hit is None or now - hit[0] >= self.ttl:
             value: ImageRef | tuple[str, str]
             try:
-                value = ImageRef.load(url, access, limits, self.pixels)
+                value = ImageRef.load(url, access, limits, self.pixels, fetcher)
             except ImageError as exc:
                 value = (str(exc.code), exc.message)
             self._put(key, now, value)
@@ -122,6 +131,11 @@ class ImageMemo:
         if isinstance(value, tuple):
             raise ImageError(*value)
         return value
+
+    def has(self, url: str) -> bool:
+        """Whether `url` was loaded lately (a prefetch would be wasted on it)."""
+        hit = self._items.get(hashlib.sha256(url.encode("utf-8", "surrogatepass")).digest())
+        return hit is not None and time.monotonic() - hit[0] < self.ttl
 
     def _put(self, key: bytes, now: float, value: ImageRef | tuple[str, str]) -> None:
         old = self._items.pop(key, None)
