@@ -12,6 +12,9 @@ import struct
 
 MAX_ASPECT_RATIO = 200
 """Qwen2-VL's smart_resize refuses max(w, h) / min(w, h) > 200 ("absolute aspect ratio must be smaller than 200")."""
+MAX_JPEG_SCANS = 100
+"""Scans a JPEG may hold: each scan of a progressive JPEG re-walks the whole image, so thousands of tiny scans are
+a CPU bomb under the pixel limit (libjpeg's progressive scripts use about 10)."""
 HEAD_BYTES = 256 * 1024
 """Bytes of a file submit reads to find its size (a JPEG's frame header can follow a large EXIF block)."""
 
@@ -45,6 +48,20 @@ def aspect_problem(size: tuple[int, int]) -> str | None:
             f"it is {width}x{height} pixels, an aspect ratio of {ratio:.0f}:1; vision processors (Qwen2-VL's) refuse "
             f"over {MAX_ASPECT_RATIO}:1: crop or pad it"
         )
+    return None
+
+
+def jpeg_scans(data: bytes) -> int:
+    """How many scans a JPEG holds (0 for other formats). Entropy-coded data never holds FF DA (an FF there is
+    stuffed with 00), so counting that marker counts the scans, without decoding."""
+    return data.count(b"\xff\xda") if data.startswith(b"\xff\xd8") else 0
+
+
+def scans_problem(data: bytes, limit: int = MAX_JPEG_SCANS) -> str | None:
+    """Why a JPEG's scans are refused, or None."""
+    scans = jpeg_scans(data)
+    if scans > limit:
+        return f"it is a JPEG of {scans:,} scans, over the limit of {limit} (a progressive one has ~10): re-encode it"
     return None
 
 

@@ -112,10 +112,14 @@ def _check_source(source: img.ImageSource, access: img.ImageAccess) -> None:
 
 
 def _check_shape(head: bytes, what: str) -> None:
+    """The header's pixel size against the processors' limits, and a JPEG's scans (in the bytes read)."""
     size = image_size.image_size(head)
     problem = image_size.aspect_problem(size) if size is not None else None
     if problem is not None:
         raise img.ImageSourceError("image_rejected_by_processor", f"{img.short(what)}: {problem}")
+    problem = image_size.scans_problem(head)
+    if problem is not None:
+        raise img.ImageSourceError("invalid_image", f"{img.short(what)}: {problem}")
 
 
 def _only_keys(obj: dict[str, Any], allowed: tuple[str, ...], here: str) -> None:

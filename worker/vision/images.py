@@ -19,12 +19,13 @@ from typing import Any
 
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs import fetch as remote
+from omlx_jobs.jobs import image_size
 from omlx_jobs.jobs import images as sources
 from omlx_jobs.jobs.images import ImageAccess, ImageSourceError
 from omlx_jobs.worker.prompts import ImageError
 
 DEFAULT_MAX_PIXELS = 40_000_000  # a 12 MP photo is 12M; 40M decoded RGB is 120 MB
-DEFAULT_MAX_JPEG_SCANS = 100  # libjpeg's progressive scripts use about 10; mozjpeg's, a few more
+DEFAULT_MAX_JPEG_SCANS = image_size.MAX_JPEG_SCANS
 
 # Codes a request's image can fail with in the worker (submit-time codes included: the worker checks again).
 IMAGE_ERROR_CODES = sources.IMAGE_SOURCE_CODES | {
@@ -94,18 +95,11 @@ def decode(data: bytes, limits: ImageLimits = ImageLimits(), *, what: str = "the
 
 
 def check_scans(data: bytes, limits: ImageLimits, what: str) -> None:
-    """Refuse a JPEG with more scans than `limits.max_jpeg_scans`: each scan of a progressive JPEG re-walks the
-    whole image, so a tiny scan repeated thousands of times is a CPU bomb under the pixel limit. Entropy-coded data
-    never holds FF DA (an FF there is stuffed with 00), so counting that marker counts the scans."""
-    if not data.startswith(b"\xff\xd8"):
-        return
-    scans = data.count(b"\xff\xda")
-    if scans > limits.max_jpeg_scans:
-        raise ImageError(
-            ErrorCode.INVALID_IMAGE,
-            f"{what} is a JPEG of {scans:,} scans, over the limit of {limits.max_jpeg_scans} (a normal progressive "
-            "JPEG has about 10); re-encode it",
-        )
+    """Refuse a JPEG of more scans than `limits.max_jpeg_scans`, counted from its markers before any decode
+    (jobs/image_size.py: a tiny scan repeated thousands of times is a CPU bomb under the pixel limit)."""
+    problem = image_size.scans_problem(data, limits.max_jpeg_scans)
+    if problem is not None:
+        raise ImageError(ErrorCode.INVALID_IMAGE, f"{what}: {problem}")
 
 
 def _decode(data: bytes, limits: ImageLimits, what: str) -> DecodedImage:
