@@ -80,6 +80,7 @@ def summarize(
     tok_rate = counts.completion_tokens / elapsed if elapsed else 0.0
     eta = counts.pending / rate if rate and counts.pending and job.status not in TERMINAL else None
     efficiency = job.prefill_tokens / job.trie_min_tokens if job.trie_min_tokens else None
+    unsettled = sum(w.unsettled_runs for w in workers or [])  # killed or failed runs never added their prefill
     return {
         "id": job.id,
         "object": "batch",
@@ -115,6 +116,8 @@ def summarize(
         "prefix": {
             "prefill_tokens_computed": job.prefill_tokens,
             "trie_min_tokens": job.trie_min_tokens,
+            "unsettled_runs": unsettled,
+            "partial": bool(unsettled) and job.status in TERMINAL,
             "efficiency": round(efficiency, 4) if efficiency is not None else None,
             "cache_hits": job.cache_hits,
             "cache_misses": job.cache_misses,
