@@ -211,3 +211,37 @@ def test_remote_images_of_a_page_are_fetched_together(vlm: VisionLoaded) -> None
         server.shutdown()
         vlm.access = ImageAccess()
         vlm.prefetch = None
+
+
+def test_a_vision_tower_failure_fails_its_request_alone(
+    tmp_path: Path, vlm: VisionLoaded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The vision encoder raising on one image (after planning, at prefill) is contained to its request: it ends
+    with engine_error after running alone; the text and the other image requests beside it complete."""
+    assert vlm.vision is not None
+    bad = image(56, 84, color=(7, 7, 7))
+    real = vlm.vision.encode
+
+    def encode(img: Any) -> Any:
+        if img.width == 56 and img.height == 84:
+            raise RuntimeError("the vision tower failed")
+        return real(img)
+
+    monkeypatch.setattr(vlm.vision, "encode", encode)
+    vlm.vision.features.clear()
+    vlm.access, vlm.memo = ImageAccess(), ImageMemo()
+    uri = "data:image/png;base64," + base64.b64encode(bad).decode()
+    good = "data:image/png;base64," + base64.b64encode(image(64, 48, color=(1, 250, 1))).decode()
+    lines = [line("text", None, "Name a color."), line("bad", uri), line("good", good), line("text-2", None, "Hi.")]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    store = Store(f"sqlite:///{tmp_path / 'jobs.db'}")
+    job = load_job(store, tmp_path / "in.jsonl", "m").job_id
+    run_shard(store, Engine(vlm, EngineConfig(completion_batch_size=4, prefill_batch_size=4)), job)
+    rows = {r.custom_id: r for r in store.iter_requests(job)}
+    assert {c: r.status for c, r in rows.items()} == {
+        "text": RequestStatus.COMPLETED,
+        "bad": RequestStatus.FAILED,
+        "good": RequestStatus.COMPLETED,
+        "text-2": RequestStatus.COMPLETED,
+    }
+    assert rows["bad"].error_code == "engine_error" and "vision tower failed" in rows["bad"].error_message
