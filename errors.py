@@ -44,6 +44,8 @@ class ErrorCode(str, Enum):
     IMAGE_PATH_NOT_ALLOWED = "image_path_not_allowed"
     REMOTE_IMAGES_DISABLED = "remote_images_disabled"
     IMAGE_HOST_NOT_ALLOWED = "image_host_not_allowed"
+    IMAGE_REJECTED_BY_PROCESSOR = "image_rejected_by_processor"
+    """The model's image processor refuses its size (an aspect ratio over 200 for Qwen2-VL), at submit or run."""
     # The request cannot run on the worker's model (found at run time): permanent too.
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     INVALID_PROMPT = "invalid_prompt"
@@ -131,6 +133,7 @@ INPUT_ERROR_CODES = frozenset(
         ErrorCode.IMAGE_PATH_NOT_ALLOWED,
         ErrorCode.REMOTE_IMAGES_DISABLED,
         ErrorCode.IMAGE_HOST_NOT_ALLOWED,
+        ErrorCode.IMAGE_REJECTED_BY_PROCESSOR,
     }
 )
 

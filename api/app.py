@@ -139,13 +139,19 @@ def api_jobs(request: Request) -> Response:
     limit = _int_param(request, "limit", page.JOBS_PAGE)
     return JSONResponse(
         page.jobs_view(
-            state_of(request), limit, status=q.get("status"), model=q.get("model"), q=q.get("q"), before=q.get("before")
+            state_of(request),
+            limit,
+            status=q.get("status"),
+            model=q.get("model"),
+            q=q.get("q"),
+            before=q.get("before"),
+            tenant=tenant_of(request),
         )
     )
 
 
 def api_job(request: Request) -> Response:
-    return JSONResponse(page.job_view(state_of(request), request.path_params["job_id"]))
+    return JSONResponse(page.job_view(state_of(request), request.path_params["job_id"], tenant_of(request)))
 
 
 def api_job_requests(request: Request) -> Response:
@@ -159,17 +165,18 @@ def api_job_requests(request: Request) -> Response:
         after=q.get("after"),
         before=q.get("before"),
         limit=_int_param(request, "limit", 25),
+        tenant=tenant_of(request),
     )
     return JSONResponse(view)
 
 
 def api_job_request(request: Request) -> Response:
     p = request.path_params
-    return JSONResponse(page_requests.request_view(state_of(request), p["job_id"], p["idx"]))
+    return JSONResponse(page_requests.request_view(state_of(request), p["job_id"], p["idx"], tenant_of(request)))
 
 
 def api_cancel(request: Request) -> Response:
-    return JSONResponse(page.cancel_job(state_of(request), request.path_params["job_id"]))
+    return JSONResponse(page.cancel_job(state_of(request), request.path_params["job_id"], tenant_of(request)))
 
 
 def api_workers(request: Request) -> Response:

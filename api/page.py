@@ -15,6 +15,7 @@ from omlx_jobs.api.errors import BadRequest, NotFound
 from omlx_jobs.api.ids import is_job_id
 from omlx_jobs.api.page_cache import PageCache
 from omlx_jobs.api.state import AppState
+from omlx_jobs.api.tenants import EVERYONE, Tenant
 from omlx_jobs.jobs import actions, lifecycle
 from omlx_jobs.jobs.progress import PLOT_BINS, SAMPLE_BODIES, max_completion_tokens, model_name, shares
 from omlx_jobs.jobs.progress import job_status as status_of
@@ -80,6 +81,7 @@ def jobs_view(
     model: str | None = None,
     q: str | None = None,
     before: str | None = None,
+    tenant: Tenant = EVERYONE,
 ) -> dict[str, Any]:
     """A page of jobs (CLI and API alike), newest first: status, progress by outcome, short model name, age.
     Filters: status, model (short name or --model string), an id prefix; `before`: the last page's `next`."""
@@ -87,7 +89,8 @@ def jobs_view(
         raise BadRequest(f"limit must be between 1 and {JOBS_PAGE_MAX}, got {limit}", param="limit")
     if status and status not in lifecycle.STATUSES:
         raise BadRequest(f"status must be one of {', '.join(lifecycle.STATUSES)}, got {status!r}", param="status")
-    where = JobFilter(status=status or None, model=model or None, id_prefix=(q or "").strip() or None)
+    prefix = (q or "").strip() or None
+    where = JobFilter(status=status or None, model=model or None, id_prefix=prefix, owner=tenant.scope)
     jobs = state.reports.jobs_page(where, before=_cursor(before), limit=limit + 1)
     more, jobs = len(jobs) > limit, jobs[:limit]
     counts = _status_counts(state, jobs)
@@ -152,19 +155,25 @@ def _job_row(job: JobInfo, by_status: dict[str, int], now: float) -> dict[str, A
 # ---- one job ---------------------------------------------------------------------------------------------
 
 
-def get_job(state: AppState, job_id: str) -> JobInfo:
+def get_job(state: AppState, job_id: str, tenant: Tenant = EVERYONE) -> JobInfo:
+    """The job, if this tenant may see it: a batch another API key created is not there for it (api/tenants.py)."""
     if not is_job_id(job_id):
         raise NotFound(f"no job {job_id!r}", param="job_id", code="job_not_found")
     try:
-        return state.store.get_job(job_id)
+        job = state.store.get_job(job_id)
     except JobNotFound:
         raise NotFound(f"no job {job_id!r} here", param="job_id", code="job_not_found") from None
+    if tenant.scope is not None:
+        batch = state.batches.get(job_id)
+        if batch is not None and not tenant.sees(batch.owner):
+            raise NotFound(f"no job {job_id!r} here", param="job_id", code="job_not_found")
+    return job
 
 
-def job_view(state: AppState, job_id: str) -> dict[str, Any]:
+def job_view(state: AppState, job_id: str, tenant: Tenant = EVERYONE) -> dict[str, Any]:
     """One job: its status with live figures (jobs/progress.py), the throughput plot, cache-hit share,
     outcomes, token histograms, its input errors with their lines, its first failed requests, and details."""
-    job = get_job(state, job_id)
+    job = get_job(state, job_id, tenant)
     cache, ended, version = cache_of(state), job.status in lifecycle.TERMINAL, _version(job)
     counts = _counts(state, job)
     max_tokens = cache.get(("max_tokens", job_id), None, lambda: _max_tokens(state, job_id), ended=True)
@@ -247,9 +256,9 @@ def workers_view(state: AppState) -> dict[str, Any]:
     return {"workers": workers, "error": error, "now": time.time()}
 
 
-def cancel_job(state: AppState, job_id: str) -> dict[str, Any]:
-    """The page's cancel button: any job (CLI or API) that has not ended."""
-    job = get_job(state, job_id)
+def cancel_job(state: AppState, job_id: str, tenant: Tenant = EVERYONE) -> dict[str, Any]:
+    """The page's cancel button: any job (CLI or API) this tenant sees that has not ended."""
+    job = get_job(state, job_id, tenant)
     if job.status in lifecycle.TERMINAL:
         raise BadRequest(f"job {job_id} is {job.status}; it can no longer be cancelled", code="job_not_cancellable")
     try:
@@ -258,4 +267,4 @@ def cancel_job(state: AppState, job_id: str) -> dict[str, Any]:
     except Exception:
         redis = None  # cancelled in the store; a running shard sees it within a second
     actions.cancel(state.store, redis, job_id)
-    return job_view(state, job_id)
+    return job_view(state, job_id, tenant)

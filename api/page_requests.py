@@ -10,6 +10,7 @@ from typing import Any
 from omlx_jobs.api.errors import BadRequest, NotFound
 from omlx_jobs.api.page import get_job
 from omlx_jobs.api.state import AppState
+from omlx_jobs.api.tenants import EVERYONE, Tenant
 from omlx_jobs.jobs.output import output_line
 from omlx_jobs.store.models import RequestStatus
 from omlx_jobs.store.request_pages import PREVIEW_CHARS, Cursor, RequestFilter, RequestPages
@@ -105,9 +106,10 @@ def requests_view(
     after: str | None = None,
     before: str | None = None,
     limit: int = 25,
+    tenant: Tenant = EVERYONE,
 ) -> dict[str, Any]:
     """A page of the job's requests. `after`/`before`: the `last`/`first` cursor of the page shown."""
-    get_job(state, job_id)
+    get_job(state, job_id, tenant)
     if not 1 <= limit <= PAGE_MAX:
         raise BadRequest(f"limit must be between 1 and {PAGE_MAX}, got {limit}", param="limit")
     if status and status not in STATUSES:
@@ -129,10 +131,10 @@ def requests_view(
     }
 
 
-def request_view(state: AppState, job_id: str, idx: str) -> dict[str, Any]:
+def request_view(state: AppState, job_id: str, idx: str, tenant: Tenant = EVERYONE) -> dict[str, Any]:
     """One request whole: its input line (custom_id, method, url, body) and its output line (null while it
     is pending), as `results` would write it."""
-    job = get_job(state, job_id)
+    job = get_job(state, job_id, tenant)
     if not idx.isdigit():
         raise NotFound(f"no request {idx!r} in {job_id}: requests are numbered by input position", param="idx")
     row = RequestPages(state.store).request_row(job_id, int(idx))

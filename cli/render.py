@@ -92,8 +92,11 @@ def _prefix_lines(s: dict[str, Any], p: dict[str, Any], live: dict[str, Any]) ->
     if s["status"] not in lifecycle.TERMINAL:  # shards add their computed tokens when they end: count live
         computed = max(p["prefill_tokens_computed"], live.get("prefilled_tokens") or 0)
         return [f"prefix     computed {computed} prompt tokens so far; minimum {p['trie_min_tokens']} (planned)"]
+    partial = ""
+    if p.get("partial"):  # a killed or failed run never added its prefill: the figure undercounts
+        partial = f" (partial: {p['unsettled_runs']} shard run(s) were killed or failed before counting theirs)"
     return [
-        f"prefix     computed {p['prefill_tokens_computed']} / minimum {p['trie_min_tokens']} prompt tokens "
+        f"prefix     computed {p['prefill_tokens_computed']}{partial} / minimum {p['trie_min_tokens']} prompt tokens "
         f"= {p['efficiency']}x; cache hits {p['cache_hits']}, misses {p['cache_misses']}, "
         f"evictions {p['cache_evictions']}, peak {p['cache_peak_bytes'] / 1e6:.1f} MB"
     ]

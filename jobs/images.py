@@ -43,6 +43,7 @@ IMAGE_SOURCE_CODES = frozenset(
         ErrorCode.IMAGE_PATH_NOT_ALLOWED,
         ErrorCode.REMOTE_IMAGES_DISABLED,
         ErrorCode.IMAGE_HOST_NOT_ALLOWED,
+        ErrorCode.IMAGE_REJECTED_BY_PROCESSOR,
     }
 )
 
@@ -132,7 +133,7 @@ def classify(url: str, access: ImageAccess) -> ImageSource:
             )
         host = urlsplit(url).hostname
         if not host:
-            raise ImageSourceError(ErrorCode.INVALID_IMAGE_URL, f"{_short(url)} has no host name")
+            raise ImageSourceError(ErrorCode.INVALID_IMAGE_URL, f"{short(url)} has no host name")
         _check_literal_host(url, host, access)
         return RemoteImage(url)
     if scheme == "file":
@@ -158,7 +159,7 @@ def _check_literal_host(url: str, host: str, access: ImageAccess) -> None:
     if address is not None and not access.remote_hosts.allows(host, address):
         raise ImageSourceError(
             ErrorCode.IMAGE_HOST_NOT_ALLOWED,
-            f"{_short(url)} names a loopback, private, link-local or reserved address, which remote images may "
+            f"{short(url)} names a loopback, private, link-local or reserved address, which remote images may "
             "not reach; allow it with --allow-remote-hosts (on submit and the worker) if it is meant to be fetched",
         )
 
@@ -175,28 +176,28 @@ def confine(path: str, access: ImageAccess) -> Path:
         raise ImageSourceError(ErrorCode.INVALID_IMAGE_URL, "the path holds a NUL byte")
     if not os.path.isabs(path):
         raise ImageSourceError(
-            ErrorCode.INVALID_IMAGE_URL, f"{_short(path)} is a relative path; give an absolute path or a file:// URL"
+            ErrorCode.INVALID_IMAGE_URL, f"{short(path)} is a relative path; give an absolute path or a file:// URL"
         )
     try:
         real = Path(path).resolve(strict=True)
     except FileNotFoundError:
-        raise ImageSourceError(ErrorCode.IMAGE_NOT_FOUND, f"{_short(path)} does not exist") from None
+        raise ImageSourceError(ErrorCode.IMAGE_NOT_FOUND, f"{short(path)} does not exist") from None
     except (OSError, RuntimeError) as exc:  # a symlink loop, a permission error on a parent
-        raise ImageSourceError(ErrorCode.IMAGE_NOT_FOUND, f"{_short(path)} cannot be resolved: {exc}") from None
+        raise ImageSourceError(ErrorCode.IMAGE_NOT_FOUND, f"{short(path)} cannot be resolved: {exc}") from None
     if not any(real.is_relative_to(d) for d in access.allowed_dirs):
         shown = ", ".join(str(d) for d in access.allowed_dirs)
         via = f" (it resolves to {real})" if str(real) != os.path.normpath(path) else ""
         raise ImageSourceError(
             ErrorCode.IMAGE_PATH_NOT_ALLOWED,
-            f"{_short(path)}{via} is outside the allowed folders ({shown}); move it there or allow its folder "
+            f"{short(path)}{via} is outside the allowed folders ({shown}); move it there or allow its folder "
             "with --allow-files-from",
         )
     try:
         mode = real.stat().st_mode
     except OSError as exc:
-        raise ImageSourceError(ErrorCode.IMAGE_NOT_FOUND, f"{_short(path)} cannot be read: {exc}") from None
+        raise ImageSourceError(ErrorCode.IMAGE_NOT_FOUND, f"{short(path)} cannot be read: {exc}") from None
     if not stat.S_ISREG(mode):
-        raise ImageSourceError(ErrorCode.INVALID_IMAGE, f"{_short(path)} is not a regular file")
+        raise ImageSourceError(ErrorCode.INVALID_IMAGE, f"{short(path)} is not a regular file")
     return real
 
 
@@ -208,16 +209,16 @@ def open_confined(source: FileImage, access: ImageAccess) -> IO[bytes]:
     try:
         fd = beneath.open_beneath(folder, path.relative_to(folder))
     except beneath.NotAFile:
-        raise ImageSourceError(ErrorCode.INVALID_IMAGE, f"{_short(str(path))} is not a regular file") from None
+        raise ImageSourceError(ErrorCode.INVALID_IMAGE, f"{short(str(path))} is not a regular file") from None
     except beneath.EscapeRefused as exc:
         raise ImageSourceError(
             ErrorCode.IMAGE_PATH_NOT_ALLOWED,
-            f"{_short(str(path))} was not opened: {exc.strerror} (inside --allow-files-from folders, links are "
+            f"{short(str(path))} was not opened: {exc.strerror} (inside --allow-files-from folders, links are "
             "resolved only by the check before, never while opening, and mounts inside them are not crossed)",
         ) from None
     except OSError as exc:
         raise ImageSourceError(
-            ErrorCode.IMAGE_NOT_FOUND, f"{_short(str(path))} cannot be opened: {exc.strerror}"
+            ErrorCode.IMAGE_NOT_FOUND, f"{short(str(path))} cannot be opened: {exc.strerror}"
         ) from None
     return os.fdopen(fd, "rb")
 
@@ -233,7 +234,7 @@ def read_capped(stream: IO[bytes], max_bytes: int, what: str) -> bytes:
     data = stream.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ImageSourceError(
-            ErrorCode.IMAGE_TOO_LARGE, f"{_short(what)} is over {max_bytes:,} bytes; send a smaller or re-encoded image"
+            ErrorCode.IMAGE_TOO_LARGE, f"{short(what)} is over {max_bytes:,} bytes; send a smaller or re-encoded image"
         )
     return data
 
@@ -255,7 +256,7 @@ def check_format(data: bytes, what: str) -> str:
     """The format of `data`, or ImageSourceError (invalid_image) naming the formats accepted."""
     kind = sniff(data)
     if kind is None:
-        raise ImageSourceError(ErrorCode.INVALID_IMAGE, f"{_short(what)} is not a PNG, JPEG, WebP or GIF image")
+        raise ImageSourceError(ErrorCode.INVALID_IMAGE, f"{short(what)} is not a PNG, JPEG, WebP or GIF image")
     return kind
 
 
@@ -297,5 +298,5 @@ def _data_image(url: str, max_bytes: int) -> DataImage:
     return DataImage(media_type, data)
 
 
-def _short(text: str) -> str:
+def short(text: str) -> str:
     return text if len(text) <= 80 else text[:77] + "..."

@@ -105,7 +105,7 @@ def summarize(
             "elapsed_seconds": round(elapsed, 2),
         },
         "eta_seconds": round(eta, 1) if eta is not None else None,
-        "prefix": _prefix(job),
+        "prefix": _prefix(job, workers),
         "errors": job.errors,
         "priority": job.options.get("priority", "normal"),
         "queue": job.queue,
@@ -123,12 +123,16 @@ def _usage(counts: JobCounts) -> dict[str, Any]:
     }
 
 
-def _prefix(job: JobInfo) -> dict[str, Any]:
-    """Prefix efficiency: prefill computed against the trie's minimum, and the prefix cache's figures."""
+def _prefix(job: JobInfo, workers: list[WorkerShare] | None) -> dict[str, Any]:
+    """Prefix efficiency: prefill computed against the trie's minimum, and the prefix cache's figures. The
+    computed figure is partial when shard runs were killed or failed before adding their prefill."""
     efficiency = job.prefill_tokens / job.trie_min_tokens if job.trie_min_tokens else None
+    unsettled = sum(w.unsettled_runs for w in workers or [])
     return {
         "prefill_tokens_computed": job.prefill_tokens,
         "trie_min_tokens": job.trie_min_tokens,
+        "unsettled_runs": unsettled,
+        "partial": bool(unsettled) and job.status in TERMINAL,
         "efficiency": round(efficiency, 4) if efficiency is not None else None,
         "cache_hits": job.cache_hits,
         "cache_misses": job.cache_misses,

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from omlx_jobs.errors import ErrorCode
+from omlx_jobs.jobs import image_size
 from omlx_jobs.jobs import images as img
 from omlx_jobs.jobs.errors import BadValue, check_text, describe
 
@@ -103,9 +104,11 @@ def _image_part(part: dict[str, Any], here: str, access: img.ImageAccess) -> dic
 
 
 def _check_source(source: img.ImageSource, access: img.ImageAccess) -> None:
-    """What submit can check without decoding: the data's or the file's first bytes and its size."""
+    """What submit can check without decoding: the data's or the file's first bytes, its size in bytes, and the
+    pixel size its header gives (an aspect ratio the vision processor refuses)."""
     if isinstance(source, img.DataImage):
         img.check_format(source.data, "the data URI")
+        _check_shape(source.data, "the data URI image")
     elif isinstance(source, img.FileImage):
         with img.open_confined(source, access) as fh:  # as the worker opens it: no link, no FIFO
             size = os.fstat(fh.fileno()).st_size
@@ -114,8 +117,20 @@ def _check_source(source: img.ImageSource, access: img.ImageAccess) -> None:
                 raise img.ImageSourceError(
                     ErrorCode.IMAGE_TOO_LARGE, f"{source.path} is {size:,} bytes, over {cap} bytes; use a smaller image"
                 )
-            head = fh.read(16)
+            head = fh.read(image_size.HEAD_BYTES)
         img.check_format(head, str(source.path))
+        _check_shape(head, str(source.path))
+
+
+def _check_shape(head: bytes, what: str) -> None:
+    """The header's pixel size against the processors' limits, and a JPEG's scans (in the bytes read)."""
+    size = image_size.image_size(head)
+    problem = image_size.aspect_problem(size) if size is not None else None
+    if problem is not None:
+        raise img.ImageSourceError(ErrorCode.IMAGE_REJECTED_BY_PROCESSOR, f"{img.short(what)}: {problem}")
+    problem = image_size.scans_problem(head)
+    if problem is not None:
+        raise img.ImageSourceError(ErrorCode.INVALID_IMAGE, f"{img.short(what)}: {problem}")
 
 
 def _only_keys(obj: dict[str, Any], allowed: tuple[str, ...], here: str) -> None:

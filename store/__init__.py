@@ -3,7 +3,7 @@
 # The API's tables (files, batches) register with the metadata here, so every Store creates them.
 from omlx_jobs.store import batches as _batches  # noqa: F401
 from omlx_jobs.store import files as _files  # noqa: F401
-from omlx_jobs.store.db import Store, StoreError, default_database_url, open_store
+from omlx_jobs.store.db import Store, StoreError, StoreUnavailable, default_database_url, open_store
 from omlx_jobs.store.models import FINAL_REQUEST_STATUSES, Job, Request, RequestStatus
 from omlx_jobs.store.rows import CompletionRow
 
@@ -15,6 +15,7 @@ __all__ = [
     "RequestStatus",
     "Store",
     "StoreError",
+    "StoreUnavailable",
     "default_database_url",
     "open_store",
 ]

@@ -29,7 +29,15 @@ from sqlalchemy.exc import SQLAlchemyError
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.store import schema
 from omlx_jobs.store import statements as st
-from omlx_jobs.store.errors import JobNotFound, StoreError, StoreMissing, is_data_error, retrying, safe_url
+from omlx_jobs.store.errors import (
+    JobNotFound,
+    StoreError,
+    StoreMissing,
+    StoreUnavailable,
+    is_data_error,
+    retrying,
+    safe_url,
+)
 from omlx_jobs.store.jobs import JobCounts, JobInfo, JobStore
 from omlx_jobs.store.models import FINAL_REQUEST_STATUSES, Request, RequestStatus, ShardRun
 from omlx_jobs.store.pending import PendingRequest, PendingStore
@@ -113,6 +121,12 @@ class Store(JobStore, ShardStore, PendingStore, TickStore):
 
     def close(self) -> None:
         self.engine.dispose()
+
+    @retrying
+    def ping(self) -> None:
+        """One round trip to the database: StoreUnavailable while its server is away."""
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
 
     # ---- requests: writing ---------------------------------------------------------------------
 
@@ -369,4 +383,5 @@ __all__ = [
     "PendingRequest",
     "Store",
     "StoreError",
+    "StoreUnavailable",
 ]

@@ -22,6 +22,11 @@ class StoreError(OmlxError, RuntimeError):
     """The database refused a write or read in a way the user must fix (disk full, read-only, unreachable)."""
 
 
+class StoreUnavailable(StoreError):
+    """The database server went away or refuses connections for now (a restart, a dropped connection): the
+    worker waits and runs its shard again (worker/entry.py). A full disk or a read-only database is not this."""
+
+
 class JobNotFound(StoreError):
     """No job with this id."""
 
@@ -46,9 +51,45 @@ def is_data_error(exc: BaseException) -> bool:
     return isinstance(exc, _BIND_ERRORS)
 
 
+# What PostgreSQL (libpq, psycopg) says when a connection is lost or the server is restarting.
+_CONNECTION_LOST = (
+    "server closed the connection",
+    "terminating connection",
+    "connection refused",
+    "could not connect",
+    "connection is closed",
+    "connection already closed",
+    "the connection is lost",
+    "consuming input failed",
+    "could not receive data",
+    "could not send data",
+    "no connection to the server",
+    "ssl connection has been closed",
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "cannot connect now",
+    "connection timed out",
+)
+
+
+def connection_lost(exc: BaseException, text: str) -> bool:
+    """True when `exc` says the server is gone for now, not that it refused what we asked."""
+    if getattr(exc, "connection_invalidated", False):
+        return True
+    low = text.lower()
+    return any(s in low for s in _CONNECTION_LOST)
+
+
 def friendly(exc: SQLAlchemyError, url: str) -> StoreError:
     text = str(getattr(exc, "orig", exc) or exc)
     low = text.lower()
+    full = ("disk" in low and ("full" in low or "space" in low)) or "no space" in low or "disk i/o error" in low
+    readonly = "readonly" in low or "read-only" in low or "read only" in low
+    if not full and not readonly and not url.startswith("sqlite") and connection_lost(exc, text):
+        first = text.splitlines()[0] if text else type(exc).__name__
+        hint = "the database server is unreachable for now: check that it runs, and --db / OMLX_JOBS_DATABASE_URL"
+        return StoreUnavailable(f"{hint} ({safe_url(url)}): {first}")
     if "readonly" in low or "read-only" in low or "read only" in low:
         hint = "the database is read-only: check the file's permissions, or point --db elsewhere"
     elif ("disk" in low and ("full" in low or "space" in low)) or "no space" in low or "disk i/o error" in low:

@@ -11,9 +11,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Integer, cast, func, literal, or_, select, union_all
+from sqlalchemy import Integer, cast, exists, func, literal, or_, select, union_all
 
 from omlx_jobs.store import statements as st
+from omlx_jobs.store.batches import BatchRow
 from omlx_jobs.store.errors import retrying
 from omlx_jobs.store.jobs import JobInfo
 from omlx_jobs.store.models import Job, Request, RequestStatus, outcome_expr
@@ -29,6 +30,8 @@ class JobFilter:
     model: str | None = None
     """A model's short name or its --model string."""
     id_prefix: str | None = None
+    owner: str | None = None
+    """Only jobs this API key may see: not a batch another key created (api/tenants.py); None: every job."""
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,11 @@ class Reports:
             stmt = stmt.where(or_(Job.model_name == where.model, Job.model == where.model))
         if where.id_prefix:
             stmt = stmt.where(Job.id >= where.id_prefix, Job.id < where.id_prefix + _TOP)
+        if where.owner is not None:
+            theirs = select(BatchRow.job_id).where(
+                BatchRow.job_id == Job.id, BatchRow.owner.is_not(None), BatchRow.owner != where.owner
+            )
+            stmt = stmt.where(~exists(theirs))
         if before is not None:
             at, job_id = before
             stmt = stmt.where(or_(Job.created_at < at, (Job.created_at == at) & (Job.id < job_id)))

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, and_, func, insert, select, tuple_, update
+from sqlalchemy import ColumnElement, Engine, and_, case, func, insert, select, tuple_, update
 
 from omlx_jobs.store.errors import retrying
 from omlx_jobs.store.models import Job, Request, RequestStatus, Shard, ShardRun
@@ -49,6 +49,10 @@ class ShardInfo:
     last_error: str | None
 
 
+SETTLED_OUTCOMES = ("done", "stopped")
+"""Shard-run outcomes whose accounting (prefill tokens, cache figures) reached the job."""
+
+
 @dataclass(frozen=True)
 class WorkerShare:
     """What one worker did for a job: its model, shard runs and finished requests."""
@@ -59,6 +63,9 @@ class WorkerShare:
     completed: int
     failed: int
     last_finished_at: float | None
+    unsettled_runs: int = 0
+    """Its runs that ended neither done nor stopped (killed, failed): their prefill tokens were never added to the
+    job's (a run adds them when it ends), so the job's computed figure is partial."""
 
 
 _INFO_COLUMNS = [getattr(Shard, f) for f in ShardInfo.__dataclass_fields__]
@@ -254,11 +261,12 @@ class ShardStore:
                     func.coalesce(func.sum(ShardRun.completed), 0),
                     func.coalesce(func.sum(ShardRun.failed), 0),
                     func.max(ShardRun.finished_at),
+                    func.coalesce(func.sum(case((ShardRun.outcome.in_(SETTLED_OUTCOMES), 0), else_=1)), 0),
                 )
                 .where(ShardRun.job_id == job_id)
                 .group_by(ShardRun.worker, ShardRun.model)
             ).all()
-        shares = [WorkerShare(r[0], r[1], int(r[2]), int(r[3]), int(r[4]), r[5]) for r in rows]
+        shares = [WorkerShare(r[0], r[1], int(r[2]), int(r[3]), int(r[4]), r[5], int(r[6])) for r in rows]
         return sorted(shares, key=lambda w: (-w.completed, w.worker))
 
     @retrying

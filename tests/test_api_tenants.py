@@ -102,3 +102,30 @@ def test_tenant_rules() -> None:
     assert admin.sees(key_id(BOB)) and admin.scope is None and admin.owner == key_id(ADMIN)
     assert everyone.sees(key_id(BOB)) and everyone.owner is None
     assert key_id(ALICE) != key_id(BOB) and len(key_id(ALICE)) == 36
+
+
+def test_the_pages_json_is_scoped_to_the_key(tmp_path: Path, redis_url: str, tiny_model_dir: Path) -> None:
+    """The page's JSON endpoints scope jobs as files and batches are: Bob neither lists, reads, pages the
+    requests of, nor cancels Alice's batch (404, as if absent); the admin key sees it."""
+    import httpx2 as httpx
+
+    src = write_lines(tmp_path / "in.jsonl", [chat_line(i) for i in range(3)])
+    with live_server(_config(tmp_path, redis_url, tiny_model_dir)) as url:
+        alice = openai_client(url, api_key=ALICE)
+        with src.open("rb") as fh:
+            fa = alice.files.create(file=fh, purpose="batch")
+        ba = alice.batches.create(input_file_id=fa.id, endpoint=CHAT, completion_window="24h")
+        root = url.removesuffix("/v1")
+
+        def get(key: str, path: str) -> httpx.Response:
+            return httpx.get(root + path, headers={"Authorization": f"Bearer {key}"})
+
+        listed = {k: [j["id"] for j in get(k, "/api/jobs").json()["jobs"]] for k in (ALICE, BOB, ADMIN)}
+        assert listed[ALICE] == [ba.id] and listed[ADMIN] == [ba.id] and listed[BOB] == []
+        for path in (f"/api/jobs/{ba.id}", f"/api/jobs/{ba.id}/requests", f"/api/jobs/{ba.id}/requests/0"):
+            assert get(BOB, path).status_code == 404, path
+            assert get(ALICE, path).status_code == 200, path
+            assert get(ADMIN, path).status_code == 200, path
+        cancel = httpx.post(root + f"/api/jobs/{ba.id}/cancel", headers={"Authorization": f"Bearer {BOB}"})
+        assert cancel.status_code == 404
+        assert alice.batches.retrieve(ba.id).status not in ("cancelling", "cancelled")

@@ -227,3 +227,27 @@ def _run(processors, tokens, logits):  # type: ignore[no-untyped-def]
     for p in processors:
         logits = p(tokens, logits)
     return logits
+
+
+def test_grammar_cache_is_bounded_in_bytes(padded) -> None:  # type: ignore[no-untyped-def]
+    """Issue 21, finding 20: a huge schema's matcher holds tens of MB; the cache holds a byte budget, not 256."""
+    from omlx_jobs.worker.extras.grammar import grammar_cost
+
+    _, tok = padded
+
+    def huge(i: int) -> dict:
+        props = {f"f{i}_{k}_{'x' * 30}": {"type": "string", "enum": [f"v{j}" for j in range(4)]} for k in range(300)}
+        return {"type": "object", "properties": props}
+
+    cost = grammar_cost(fmt(huge(0)).grammar())
+    assert cost > 2_000_000
+    cache = GrammarCache(tok, max_bytes=int(cost * 2.5))
+    for i in range(5):
+        cache.constraint(fmt(huge(i)))
+        assert cache.nbytes <= cache.max_bytes or len(cache) == 1
+    assert len(cache) == 2
+    cache.constraint(fmt(huge(4)))  # the newest stayed
+    assert cache.hits == 1
+    small = GrammarCache(tok, max_bytes=1)
+    small.constraint(fmt(huge(0)))
+    assert len(small) == 1  # one over the budget is kept: the request that needs it is running

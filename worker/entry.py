@@ -15,9 +15,9 @@ from rq.timeouts import JobTimeoutException
 from omlx_jobs.errors import OmlxError
 from omlx_jobs.jobs.actions import shard_timeout_of
 from omlx_jobs.jobs.queue import Shard, enqueue_shards
-from omlx_jobs.store import StoreError
+from omlx_jobs.store import StoreError, StoreUnavailable
 from omlx_jobs.store.db import JobNotFound
-from omlx_jobs.worker.runtime import shard
+from omlx_jobs.worker.runtime import reconnect, shard
 from omlx_jobs.worker.runtime.context import WorkerContext, current, install
 
 __all__ = ["UnknownJob", "WorkerContext", "current", "install", "run_shard"]  # the context: runtime/context.py
@@ -38,9 +38,7 @@ def run_shard(job_id: Any, start: Any, end: Any) -> dict[str, Any]:
     if ctx.on_shard is not None:
         ctx.on_shard()  # `omlx-jobs workers` shows the shard now, not at the next heartbeat
     try:
-        outcome = shard.run_shard(
-            ctx.store, ctx.engine, job_id, start, end, control=ctx.control, worker=ctx.name, meter=ctx.meter
-        )
+        outcome = _run_waiting_out_restarts(ctx, job_id, start, end)
     except JobNotFound as exc:
         # A message for a job this store lacks (planted, or a worker pointed at another database) fails alone;
         # the store answered, so the worker carries on. A worker on the right store re-enqueues real work.
@@ -64,6 +62,25 @@ def run_shard(job_id: Any, start: Any, end: Any) -> dict[str, Any]:
         enqueue_shards(ctx.redis, ctx.queue, [back], at_front=True, timeout=timeout)
         log.info("handed %s requests of %s back to the queue as %s", outcome.left_pending, job_id, back.rq_id)
     return outcome.to_dict()
+
+
+def _run_waiting_out_restarts(ctx: WorkerContext, job_id: str, start: int, end: int) -> shard.ShardOutcome:
+    """shard.run_shard; when the database goes away (a restart), wait until it answers and run the shard again
+    (reconnect.py). Gives up (raises) when the worker is stopping or after reconnect.RERUNS tries."""
+    for tries in range(reconnect.RERUNS + 1):
+        try:
+            return shard.run_shard(
+                ctx.store, ctx.engine, job_id, start, end, control=ctx.control, worker=ctx.name, meter=ctx.meter
+            )
+        except StoreUnavailable as exc:
+            if _shard_timeout(exc) is not None or tries == reconnect.RERUNS:
+                raise
+            log.warning("shard %s[%s:%s]: the database went away (%s); waiting for it", job_id, start, end, exc)
+            if not reconnect.await_store(ctx.store, lambda: ctx.stopping):
+                raise
+            ctx.engine.reset()  # what was in flight is run again from the store: start from a clean engine
+            log.info("shard %s[%s:%s]: the database is back; running the shard again", job_id, start, end)
+    raise AssertionError("unreachable")
 
 
 def _shard_timeout(exc: BaseException) -> BaseException | None:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -33,10 +34,13 @@ class DiskCache:
         self._index: dict[bytes, Path] = {}
         for tok_file in self.dir.glob("*.tokens"):
             data = tok_file.with_suffix(".safetensors")
-            if data.exists():
-                self._index[tok_file.read_bytes()] = data
-            else:
+            tokens = read_regular(tok_file) if is_regular(data) else None
+            if tokens is not None:
+                self._index[tokens] = data
+            elif not data.exists() and is_regular(tok_file):
                 tok_file.unlink(missing_ok=True)
+            else:  # a FIFO, a device, a link or a folder planted in the cache folder: never opened, never waited on
+                log.warning("ignoring %s in the prefix cache folder: not a regular file", tok_file)
 
     def _path(self, key: bytes) -> Path:
         return self.dir / f"{hashlib.sha256(key).hexdigest()[:40]}.safetensors"
@@ -60,7 +64,7 @@ class DiskCache:
 
     def load(self, key: bytes) -> list[Any] | None:
         path = self._index.get(key) or self._path(key)
-        if not path.exists():
+        if not is_regular(path):  # absent, or not a file we wrote (a FIFO would block the open for ever)
             return None
         try:
             cache, meta = load_prompt_cache(str(path), return_metadata=True)
@@ -96,7 +100,7 @@ class DiskCache:
             save_prompt_cache(tmp, cache, metadata=meta)
             os.replace(tmp, path)
             tmp, placed = None, True
-            path.with_suffix(".tokens").write_bytes(key)
+            _write_replacing(path.with_suffix(".tokens"), key)
             self._index[key] = path
             self._enforce_cap()
         except Exception as exc:
@@ -120,6 +124,39 @@ class DiskCache:
                 break
             self._drop(key, path)
             total -= size
+
+
+def is_regular(path: Path) -> bool:
+    """A regular file, not followed through a link (lstat): never a FIFO, a device or a folder."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def read_regular(path: Path, limit: int = 64 * 1024**2) -> bytes | None:
+    """The bytes of a regular file, opened without blocking and without following a link; None otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        return f.read(limit)
+
+
+def _write_replacing(path: Path, data: bytes) -> None:
+    """Write through a temporary file and rename over `path`: whatever was there (a FIFO too) is replaced, not
+    opened."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _plain(c: Any) -> Any:

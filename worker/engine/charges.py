@@ -37,16 +37,25 @@ class Charges:
 
     def cached(self, key: bytes, reused: int) -> int:
         """The cached tokens of a sequence of prompt `key` that starts from `reused` cached positions: those less
-        the computed positions no sequence was charged yet, which are charged to this one."""
+        the computed positions no sequence was charged yet, which are charged to this one.
+
+        Only positions of the cache the sequence starts from are its own: a warm-up whose key leaves the
+        sequence's key before both the warm-up's end and the reuse's end is another copy (two warm-ups that
+        computed a shared root each, issue 21, 12). The sequence starts from one copy of each position, so the
+        deepest warm-up is charged first and any other that overlaps positions already charged is skipped."""
         if not self._open or reused <= 0:
             return reused
-        cached = reused
-        for c in list(self._open):
-            use = min(c.end, reused, common_prefix(c.key, key)) - c.start
-            if use <= 0:
+        mine = []
+        for c in self._open:
+            hi = min(c.end, reused)
+            if hi > c.start and common_prefix(c.key, key) >= hi:
+                mine.append((hi, c))
+        charged: list[tuple[int, int]] = []
+        for hi, c in sorted(mine, key=lambda m: -m[0]):
+            if any(c.start < b and a < hi for a, b in charged):
                 continue
-            cached -= use
-            c.start += use
+            charged.append((c.start, hi))
+            c.start = hi
             if c.start >= c.end:
                 self._open.remove(c)
-        return max(cached, 0)
+        return reused - sum(b - a for a, b in charged)

@@ -24,6 +24,8 @@ from omlx_jobs.jobs.response_format import ResponseFormat
 from omlx_jobs.worker.prompts import PromptError
 
 GRAMMAR_CACHE_ENTRIES = 256
+GRAMMAR_CACHE_BYTES = 512 * 1024**2
+"""What the cached grammars may hold, estimated (grammar_cost): a huge schema's matcher holds ~26 MB."""
 
 
 class GrammarError(PromptError):
@@ -173,6 +175,13 @@ def fill_masks(constraints: Sequence[Constraint | None], bitmask: np.ndarray, ex
     return rows
 
 
+def grammar_cost(grammar: str) -> int:
+    """The memory a compiled grammar holds, estimated from its text: llguidance reports none, and a matcher's
+    lexer grows with the grammar (measured: ~90 bytes of RSS per grammar byte for large schemas, ~2 MB at least
+    once the lexer is warm; a few hundred KB for small ones)."""
+    return 256 * 1024 + 100 * len(grammar)
+
+
 @dataclass
 class GrammarCache:
     """Compiled grammars by response format (schema hash), least recently used first out.
@@ -182,23 +191,32 @@ class GrammarCache:
 
     tokenizer: GrammarTokenizer
     max_entries: int = GRAMMAR_CACHE_ENTRIES
+    max_bytes: int = GRAMMAR_CACHE_BYTES
     hits: int = 0
     misses: int = 0
-    _entries: collections.OrderedDict[str, Any] = field(default_factory=collections.OrderedDict)
+    nbytes: int = 0
+    """The estimated bytes of the grammars cached now."""
+    _entries: collections.OrderedDict[str, tuple[Any, int]] = field(default_factory=collections.OrderedDict)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def constraint(self, fmt: ResponseFormat) -> Constraint:
         """A fresh constraint for one choice. Raises GrammarError if the schema does not compile."""
-        template = self._entries.get(fmt.key)
-        if template is None:
+        entry = self._entries.get(fmt.key)
+        if entry is None:
             self.misses += 1
-            template = self._compile(fmt)
-            self._entries[fmt.key] = template
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+            grammar = fmt.grammar()
+            entry = (self._compile(fmt), grammar_cost(grammar))
+            self._entries[fmt.key] = entry
+            self.nbytes += entry[1]
+            while len(self._entries) > 1 and (len(self._entries) > self.max_entries or self.nbytes > self.max_bytes):
+                _, (_, cost) = self._entries.popitem(last=False)
+                self.nbytes -= cost
         else:
             self.hits += 1
             self._entries.move_to_end(fmt.key)
-        return Constraint(template.deep_copy(), self.tokenizer)
+        return Constraint(entry[0].deep_copy(), self.tokenizer)
 
     def _compile(self, fmt: ResponseFormat) -> Any:
         matcher = llguidance.LLMatcher(self.tokenizer.ll, fmt.grammar(), log_level=0)

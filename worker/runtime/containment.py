@@ -33,6 +33,7 @@ from omlx_jobs.errors import ErrorCode
 from omlx_jobs.worker.engine.contract import EngineLike, Hooks, ResultsHook
 from omlx_jobs.worker.engine.results import ItemResult, PlanTotals, RequestFailure, RunStats
 from omlx_jobs.worker.engine.sequence import WorkItem
+from omlx_jobs.worker.prompts import PromptError
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +225,9 @@ def _failed_alone(
 ) -> None:
     """`work` made the engine raise on its own: try it again, or fail it with engine_error."""
     tries[work.key] = tries.get(work.key, 0) + 1
+    if isinstance(exc, PromptError):  # the request's own input (an image the processor refused): no second try
+        _fail(c, work, RequestFailure(exc.code, exc.message))
+        return
     if tries[work.key] < MAX_ALONE_TRIES:
         groups.appendleft([work])
         return
@@ -240,7 +244,10 @@ def _failed_alone(
         f"the engine raised while running this request alone, {tries[work.key]} times: {type(exc).__name__}: {exc}"
     )
     log.error("request %r fails alone: %s", work.key, message)
-    failure = RequestFailure(ENGINE_ERROR, message)
+    _fail(c, work, RequestFailure(ENGINE_ERROR, message))
+
+
+def _fail(c: _Contained, work: WorkItem, failure: RequestFailure) -> None:
     now = time.time()
     result = ItemResult(work.key, [], len(work.prompt), 0, now, now, error=failure)
     c._call(c.hooks.results, [result])

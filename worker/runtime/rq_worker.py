@@ -30,7 +30,7 @@ from omlx_jobs.jobs import workers as live
 from omlx_jobs.jobs.live import RateMeter, counters_of
 from omlx_jobs.jobs.model_names import display_name
 from omlx_jobs.jobs.queue import SHARD_FUNC, get_queue, worker_queues
-from omlx_jobs.store import StoreError
+from omlx_jobs.store import StoreError, StoreUnavailable
 from omlx_jobs.worker.runtime.context import WorkerContext
 
 log = logging.getLogger(__name__)
@@ -286,6 +286,9 @@ def _between_loops(
         pause, delay = delay, min(delay * 2, max_wait)
     except StopRequested:
         return 0, delay
+    except StoreUnavailable as exc:  # a database restart: wait it out, as for Redis (runtime/reconnect.py)
+        log.warning("the database is unreachable (%s); retrying in %.0fs", exc, delay)
+        pause, delay = delay, min(delay * 2, max_wait)
     except StoreError as exc:
         log.error("stopped: %s", exc)
         return 3, delay

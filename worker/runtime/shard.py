@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from rq.timeouts import BaseTimeoutException
+
 from omlx_jobs import defaults
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs import lifecycle
@@ -216,7 +218,24 @@ def work_items(
             store.record_failure(req.id, exc.code, exc.message, prompt_tokens=len(tokens) or None, run_id=run_id)
             outcome.failed += 1
             continue
+        except BaseTimeoutException:
+            raise  # the shard's timeout, raised by RQ wherever the run is: never one request's
+        except Exception as exc:  # any other failure building one prompt is that request's alone (issue 21, 1)
+            message = f"building this request's prompt failed ({type(exc).__name__}: {str(exc)[:300]})"
+            log.exception("request %s: %s", req.id, message)
+            store.record_failure(req.id, ErrorCode.INVALID_PROMPT, message, run_id=run_id)
+            outcome.failed += 1
+            continue
         yield WorkItem(req.id, tokens, params, prompt, output=output, chat=chat), req.sort_key
+
+
+def _fetching_ahead(engine: EngineLike, pages: Iterable[list[PendingRequest]]) -> Iterator[list[PendingRequest]]:
+    """The pages, each one's remote images fetched several at once as it is read (vision/prefetch.py)."""
+    want = getattr(engine.loaded, "want_images", None)
+    for page in pages:
+        if want is not None:
+            want([(r.endpoint, r.body) for r in page])
+        yield page
 
 
 def store_results(store: Store, results: list[ItemResult], run_id: int | None = None) -> tuple[int, int]:
@@ -259,7 +278,8 @@ class ShardRun:
         self.plan_recorded = False
         # Rows are read a page at a time and tokenized as the scheduler plans them: memory follows the page.
         self.source = ShardInput()
-        rows = self.source.rows(store.pending_pages(outcome.job_id, self.start, self.end, page_rows=page_rows))
+        pages = _fetching_ahead(engine, store.pending_pages(outcome.job_id, self.start, self.end, page_rows=page_rows))
+        rows = self.source.rows(pages)
         self.source.placed = work_items(store, engine, rows, outcome, self.run_id)
 
     def run(self, control: Callable[[], Control] | None) -> None:

@@ -15,9 +15,10 @@ from omlx_jobs.worker.models.loaded import LoadedModel
 from omlx_jobs.worker.models.paths import ModelLoadError, context_length_of, model_identity
 from omlx_jobs.worker.prompts import Prompt
 from omlx_jobs.worker.vision.backend import VisionBackend
-from omlx_jobs.worker.vision.images import DEFAULT_LIMITS, ImageLimits
-from omlx_jobs.worker.vision.media import ImageMedia, ImageMemo, ImageRef
+from omlx_jobs.worker.vision.images import DEFAULT_LIMITS, ImageLimits, fetch
+from omlx_jobs.worker.vision.media import Fetcher, ImageMedia, ImageMemo, ImageRef
 from omlx_jobs.worker.vision.model import VisionModel, template_text
+from omlx_jobs.worker.vision.prefetch import RemotePrefetch, is_remote
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,6 +46,19 @@ class VisionLoaded(LoadedModel):
     """Where this worker reads images from (--allow-files-from, --allow-remote-images), checked per request."""
     limits: ImageLimits = DEFAULT_LIMITS
     memo: ImageMemo = field(default_factory=ImageMemo, repr=False)
+    prefetch: RemotePrefetch | None = field(default=None, repr=False)
+
+    def want_images(self, bodies: list[tuple[str, dict[str, Any]]]) -> None:
+        """Start fetching the remote images of these (endpoint, body) requests (a shard's page), several at once."""
+        urls = [u for e, b in bodies if e == CHAT_URL for _, _, u in image_urls(b["messages"]) if is_remote(u)]
+        urls = [u for u in urls if not self.memo.has(u)]
+        if urls and self.access.allow_remote:
+            if self.prefetch is None or self.prefetch.access != self.access:
+                self.prefetch = RemotePrefetch(self.access)
+            self.prefetch.want(urls)
+
+    def _fetcher(self, url: str) -> Fetcher:
+        return self.prefetch.take if self.prefetch is not None and is_remote(url) else fetch
 
     def prompt(self, endpoint: str, body: dict[str, Any]) -> Prompt:
         """A chat request's prompt through the processor's template, each image fetched, decoded and placed."""
@@ -53,7 +67,7 @@ class VisionLoaded(LoadedModel):
         vm = self.vision
         assert vm is not None
         messages = body["messages"]
-        refs = [self.memo.load(url, self.access, self.limits) for _, _, url in image_urls(messages)]
+        refs = [self.memo.load(u, self.access, self.limits, self._fetcher(u)) for _, _, u in image_urls(messages)]
         if not vm.batched:
             return TemplatePrompt.build(vm, messages, refs)
         built = vm.build_prompt(messages, refs)  # type: ignore[arg-type]  (an ImageRef has their size)

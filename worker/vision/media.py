@@ -1,7 +1,7 @@
 """A request's images in the engine: checked and decoded once, kept as their encoded bytes, placed in its prompt.
 
-ImageRef is a request's image (size and digest known, pixels decoded again when the encoder runs), ImageMemo the
-images loaded lately by URL (a job asks many questions about one image), ImageMedia an image span of an engine
+ImageRef is a request's image (size and digest known, pixels kept in a bounded PixelCache for the encoder), ImageMemo
+the images loaded lately by URL (a job asks many questions about one image), ImageMedia an image span of an engine
 Prompt, and `vision_prompt` the vision prefill's view of such a prompt.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,29 +20,82 @@ from omlx_jobs.worker.prompts import ImageError, MediaSpan, Prompt
 from omlx_jobs.worker.vision.images import DEFAULT_LIMITS, DecodedImage, ImageLimits, decode, fetch
 from omlx_jobs.worker.vision.prompt import ImageSpan, VisionPrompt
 
+Fetcher = Callable[[str, ImageAccess], bytes]
+"""Where an image's bytes come from (images.fetch, or a prefetch started ahead: prefetch.py)."""
+
+
+class PixelCache:
+    """Decoded pixels by digest, bounded in bytes: the encoder takes the pixels its ImageRef decoded when loaded,
+    so an image is decoded once, not once to be checked and again to be encoded. Evicted pixels decode again."""
+
+    def __init__(self, max_bytes: int = 512 * 1024**2) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[bytes, Any] = OrderedDict()
+        self._bytes = 0
+        self.decodes = 0
+        """Decodes made because the pixels were not here (a test counts them)."""
+
+    def put(self, digest: bytes, pixels: Any) -> None:
+        if digest in self._items:
+            self._items.move_to_end(digest)
+            return
+        self._items[digest] = pixels
+        self._bytes += _pixel_bytes(pixels)
+        while len(self._items) > 1 and self._bytes > self.max_bytes:
+            _, gone = self._items.popitem(last=False)
+            self._bytes -= _pixel_bytes(gone)
+
+    def get(self, digest: bytes) -> Any | None:
+        pixels = self._items.get(digest)
+        if pixels is not None:
+            self._items.move_to_end(digest)
+        return pixels
+
+
+def _pixel_bytes(pixels: Any) -> int:
+    return int(pixels.width) * int(pixels.height) * 3
+
 
 @dataclass(frozen=True)
 class ImageRef:
-    """A request's image, checked and decoded once (size, digest); its encoded bytes are kept, not its pixels,
-    so that a shard of thousands of image requests stays small. `pixels` decodes again when the encoder runs."""
+    """A request's image, checked and decoded once (size, digest); its encoded bytes are kept, and its pixels in
+    the shared PixelCache while they fit, so that a shard of thousands of image requests stays small. `pixels`
+    decodes again only when the cache has let them go."""
 
     data: bytes = field(repr=False)
     width: int
     height: int
     digest: bytes
     limits: ImageLimits = DEFAULT_LIMITS
+    cache: PixelCache | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def load(cls, url: str, access: ImageAccess, limits: ImageLimits = DEFAULT_LIMITS) -> ImageRef:
-        data = fetch(url, access)
+    def load(
+        cls,
+        url: str,
+        access: ImageAccess,
+        limits: ImageLimits = DEFAULT_LIMITS,
+        cache: PixelCache | None = None,
+        fetcher: Fetcher = fetch,
+    ) -> ImageRef:
+        data = fetcher(url, access)
         image = decode(data, limits)
-        return cls(data, image.width, image.height, image.digest, limits)
+        if cache is not None:
+            cache.put(image.digest, image.pixels)
+        return cls(data, image.width, image.height, image.digest, limits, cache)
 
     @property
     def pixels(self) -> Any:
+        if self.cache is not None:
+            kept = self.cache.get(self.digest)
+            if kept is not None:
+                return kept
+            self.cache.decodes += 1
         image = decode(self.data, self.limits)
         if image.digest != self.digest:  # the bytes are ours, in memory: this never happens
             raise ImageError(ErrorCode.INVALID_IMAGE, "the image decoded differently the second time")
+        if self.cache is not None:
+            self.cache.put(self.digest, image.pixels)
         return image.pixels
 
     def decoded(self) -> DecodedImage:
@@ -55,18 +109,19 @@ class ImageMemo:
 
     def __init__(self, max_bytes: int = 256 * 1024**2, max_entries: int = 4096, ttl: float = 60.0) -> None:
         self.max_bytes, self.max_entries, self.ttl = max_bytes, max_entries, ttl
+        self.pixels = PixelCache()
         self._items: OrderedDict[bytes, tuple[float, ImageRef | tuple[str, str]]] = OrderedDict()
         self._bytes = 0
 
-    def load(self, url: str, access: ImageAccess, limits: ImageLimits) -> ImageRef:
+    def load(self, url: str, access: ImageAccess, limits: ImageLimits, fetcher: Fetcher = fetch) -> ImageRef:
         if not url.startswith(("data:", "http://", "https://")):
-            return ImageRef.load(url, access, limits)
+            return ImageRef.load(url, access, limits, self.pixels)
         key, now = hashlib.sha256(url.encode("utf-8", "surrogatepass")).digest(), time.monotonic()
         hit = self._items.get(key)
         if hit is None or now - hit[0] >= self.ttl:
             value: ImageRef | tuple[str, str]
             try:
-                value = ImageRef.load(url, access, limits)
+                value = ImageRef.load(url, access, limits, self.pixels, fetcher)
             except ImageError as exc:
                 value = (str(exc.code), exc.message)
             self._put(key, now, value)
@@ -76,6 +131,11 @@ class ImageMemo:
         if isinstance(value, tuple):
             raise ImageError(*value)
         return value
+
+    def has(self, url: str) -> bool:
+        """Whether `url` was loaded lately (a prefetch would be wasted on it)."""
+        hit = self._items.get(hashlib.sha256(url.encode("utf-8", "surrogatepass")).digest())
+        return hit is not None and time.monotonic() - hit[0] < self.ttl
 
     def _put(self, key: bytes, now: float, value: ImageRef | tuple[str, str]) -> None:
         old = self._items.pop(key, None)

@@ -141,9 +141,13 @@ class VisionModel:
     # ---- images ------------------------------------------------------------------------------------
 
     def image_tokens(self, image: DecodedImage) -> int:
-        """How many prompt tokens this image becomes, from its size alone (no pixels processed)."""
+        """How many prompt tokens this image becomes, from its size alone (no pixels processed). A size the
+        processor refuses (Qwen2-VL: an aspect ratio over 200) is an ImageError: the request fails alone."""
         proc = self.processor.image_processor
-        return int(proc.num_image_tokens(image.height, image.width))
+        try:
+            return int(proc.num_image_tokens(image.height, image.width))
+        except Exception as exc:  # the processor's own checks raise ValueError; a port may raise anything
+            raise processor_refused(image, exc) from None
 
     def image_grid(self, image: DecodedImage) -> Any:
         """(1, 3) patch grid (temporal, height, width) the processor gives this image, from its size alone."""
@@ -157,11 +161,15 @@ class VisionModel:
 
     def encode(self, image: DecodedImage) -> ImageFeatures:
         """Preprocess and run the vision tower on one image (no cache)."""
-        out = self.processor.image_processor(images=[image.pixels])
-        pixels = mx.array(out["pixel_values"])
-        grid = mx.array(out["image_grid_thw"]).reshape(1, 3)
+        pixels = image.pixels
+        try:
+            out = self.processor.image_processor(images=[pixels])
+            pixel_values = mx.array(out["pixel_values"])
+            grid = mx.array(out["image_grid_thw"]).reshape(1, 3)
+        except Exception as exc:
+            raise processor_refused(image, exc) from None
         dtype = self.model.vision_tower.patch_embed.proj.weight.dtype
-        features = self.model.vision_tower(pixels.astype(dtype), grid, output_hidden_states=False)
+        features = self.model.vision_tower(pixel_values.astype(dtype), grid, output_hidden_states=False)
         mx.eval(features)
         return ImageFeatures(features, grid)
 
@@ -202,6 +210,16 @@ class VisionModel:
                 raise ValueError(f"{self.model_type} is not decoded in mlx-lm's BatchGenerator; run it unbatched")
             self._decode_model = _twin(self.model.language_model, self.config, BATCHED[self.model_type])
         return self._decode_model
+
+
+def processor_refused(image: DecodedImage, exc: Exception) -> ImageError:
+    """The error of a request whose image the model's processor (or vision tower) refused."""
+    text = str(exc) if len(str(exc)) <= 200 else str(exc)[:197] + "..."
+    return ImageError(
+        ErrorCode.IMAGE_REJECTED_BY_PROCESSOR,
+        f"the model's image processor refused the {image.width}x{image.height} image ({type(exc).__name__}: "
+        f"{text}); resize, crop or pad it",
+    )
 
 
 def template_text(vm: VisionModel, messages: Sequence[dict[str, Any]]) -> str:
