@@ -58,9 +58,14 @@ class Switches:
     never compiles them unless a test says "always")."""
     cpu_prefill: bool = True
     """OMLX_JOBS_CPU_PREFILL=0: leave every CPU prefill chunk to mlx's attention instead of causal blocks."""
+    cascade_cost: bool = True
+    """OMLX_JOBS_CASCADE_COST=0: reference every prefix level instead of letting the cost model copy the levels not
+    worth a reference into their rows (worker/attention/cascade_cost.py)."""
     # Tuning, not read from the environment: tests set them to exercise more blocks and cuts.
     fused_rows_per_call: int = FUSED_ROWS_PER_CALL
     min_level_tokens: int = CASCADE_MIN_LEVEL_TOKENS
+    level_costs: tuple[float, float, float, bool] | None = None
+    """The cost model's device costs (cascade_cost.DeviceCosts' first four fields) instead of measuring them."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Switches:
@@ -74,6 +79,7 @@ class Switches:
             cascade_fused_decode=env.get("OMLX_JOBS_CASCADE_FUSED_DECODE", "0") == "1",
             cascade_compile="never" if env.get("OMLX_JOBS_CASCADE_COMPILE", "1") == "0" else "auto",
             cpu_prefill=env.get("OMLX_JOBS_CPU_PREFILL", "1") != "0",
+            cascade_cost=env.get("OMLX_JOBS_CASCADE_COST", "1") != "0",
         )
 
 
