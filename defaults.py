@@ -53,6 +53,9 @@ class Switches:
     cascade_fused_decode: bool = False
     """OMLX_JOBS_CASCADE_FUSED_DECODE=1: cascade decode steps through mlx's fused attention (slower than the kernel
     path on an H200, bench/RESULTS.md; Metal is untested)."""
+    cascade_packed: Mode = "auto"
+    """OMLX_JOBS_CASCADE_PACKED: attend a decode step's prefix levels in one masked call over their keys packed
+    together, however many groups and levels ("0" never: one call per level; "1" everywhere; else on GPUs)."""
     cascade_compile: Mode = "auto"
     """OMLX_JOBS_CASCADE_COMPILE=0: run cascade attention's mx ops one by one instead of compiled (on GPUs; the CPU
     never compiles them unless a test says "always")."""
@@ -77,6 +80,7 @@ class Switches:
             cascade_prefix_kernel=env.get("OMLX_JOBS_CASCADE_PREFIX_KERNEL", "1") != "0",
             cascade_fused_prefill=_MODES.get(env.get("OMLX_JOBS_CASCADE_FUSED_PREFILL", "auto"), "auto"),
             cascade_fused_decode=env.get("OMLX_JOBS_CASCADE_FUSED_DECODE", "0") == "1",
+            cascade_packed=_MODES.get(env.get("OMLX_JOBS_CASCADE_PACKED", "auto"), "auto"),
             cascade_compile="never" if env.get("OMLX_JOBS_CASCADE_COMPILE", "1") == "0" else "auto",
             cpu_prefill=env.get("OMLX_JOBS_CPU_PREFILL", "1") != "0",
             cascade_cost=env.get("OMLX_JOBS_CASCADE_COST", "1") != "0",

@@ -64,3 +64,19 @@ def test_the_choice_is_a_pure_function() -> None:
     first = [references(lv, 64, GPU) for lv in levels]
     assert first == [references(lv, 64, GPU) for lv in levels]
     assert any(first) and not all(first)
+
+
+def test_the_calibration_measures_costs_the_model_can_compare() -> None:
+    """A tiny shape measured on the CPU (what a GPU runs at start-up): finite, non-negative costs; the CPU itself
+    uses its fixed costs, under which a level read by several rows is referenced."""
+    import mlx.core as mx  # MLX only for this test: the rest of the module is pure
+
+    from omlx_jobs.worker.attention import calibrate
+    from omlx_jobs.worker.attention.options import CascadeOptions
+
+    costs = calibrate.measure(CascadeOptions(), heads=4, kv_heads=2, dim=16, dtype=mx.float32, batch=4)
+    assert all(0.0 <= c < 1.0 for c in (costs.level_call_s, costs.level_token_s, costs.copy_token_s))
+    assert costs.padded  # no suffix kernel: mx ops over padded rows
+    cpu = calibrate.device_costs(CascadeOptions(), heads=4, kv_heads=2, dim=16, dtype=mx.float32, batch=4, layers=2)
+    assert cpu == calibrate.CPU_COSTS
+    assert references(LevelUse(40, 2), 4, cpu)

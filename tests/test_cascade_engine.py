@@ -115,10 +115,10 @@ def test_several_groups_share_one_batch(tiny_loaded: LoadedModel, monkeypatch: p
     levels_seen: list[int] = []
     real = cascade.attention
 
-    def spy(q: mx.array, k: mx.array, v: mx.array, levels: Any, *args: Any) -> mx.array:
+    def spy(q: mx.array, k: mx.array, v: mx.array, levels: Any, *args: Any, **kwargs: Any) -> mx.array:
         if q.shape[2] == 1:
             levels_seen.append(len(levels))
-        return real(q, k, v, levels, *args)
+        return real(q, k, v, levels, *args, **kwargs)
 
     monkeypatch.setattr(cascade, "attention", spy)
     prompts = job_prompts(seed=1)
@@ -152,6 +152,23 @@ def test_levels_the_cost_model_copies_give_todays_tokens(
         assert set(chains) == {0}
     if costs == (60.0, 0.0, 1.0, False) and batch == 16:
         assert 0 in chains and max(chains) >= 1
+
+
+@pytest.mark.parametrize("batch", [1, 5, 16])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_every_level_in_one_packed_call_gives_todays_tokens(
+    tiny_loaded: LoadedModel, batch: int, compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPUs attend a decode step's levels in one masked call over their packed keys (attention/packed.py); forced
+    here on the CPU, compiled or not, as rows join and leave a batch of several groups and one or two levels."""
+    from omlx_jobs.worker.attention import packed
+
+    calls = count_calls(monkeypatch, packed, "decode")
+    prompts = job_prompts(seed=9)
+    today = run_job(tiny_loaded, prompts, use=False, batch=batch)
+    switches = switched(cascade_packed="always", cascade_compile="always" if compiled else "never")
+    assert run_job(tiny_loaded, prompts, use=True, batch=batch, switches=switches) == today
+    assert calls() > 0
 
 
 def test_the_switch_and_models_that_cannot_take_it(tiny_loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:

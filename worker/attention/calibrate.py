@@ -4,6 +4,10 @@ A few timed calls of cascade.attention as the routing runs it, on random keys of
 row continues (the base), then its rows' own suffixes longer by P tokens (what a copy costs), then one more level
 of half the rows, at two lengths (a referenced level's fixed cost and its cost per token). Each timing is a chain of
 calls evaluated once, the best of a few repeats; the whole measure takes well under a second on an H200.
+
+The CPU is not measured: its own-suffix attention is mx ops over every row padded to the longest (a copy costs
+every row of the batch), its calls are cheap next to reading keys, and timings on a shared CPU were noise (a
+level's call measured cheaper than none). CPU_COSTS say so: every level that saves reads is referenced.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Callable
 import mlx.core as mx
 
 from omlx_jobs.worker.attention import cascade
+from omlx_jobs.worker.attention import packed as packing
 from omlx_jobs.worker.attention.cascade_cost import DeviceCosts
 from omlx_jobs.worker.attention.options import CascadeOptions
 from omlx_jobs.worker.attention.parts import Level
@@ -22,14 +27,20 @@ CALLS = 12
 """Calls per timing (chained: each call's output is the next one's queries)."""
 REPEATS = 3
 
+CPU_COSTS = DeviceCosts(level_call_s=0.0, level_token_s=1.0, copy_token_s=1.0, padded=True)
+"""The CPU's costs (see the module docstring): a reference costs its tokens once, a copy once per batch row."""
+
 _measured: dict[tuple[object, ...], DeviceCosts] = {}
 
 
 def device_costs(
     options: CascadeOptions, *, heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, batch: int, layers: int
 ) -> DeviceCosts:
-    """The costs for this shape under `options`, measured the first time (cached per process)."""
+    """The costs for this shape under `options`, measured the first time (cached per process); CPU_COSTS on the
+    CPU."""
     gpu = mx.default_device() != mx.cpu
+    if not gpu:
+        return CPU_COSTS
     key = (str(mx.default_device()), heads, kv_heads, dim, dtype, batch, options.suffix_kernel is not None, gpu)
     if key not in _measured:
         _measured[key] = measure(options, heads=heads, kv_heads=kv_heads, dim=dim, dtype=dtype, batch=batch)
@@ -38,7 +49,9 @@ def device_costs(
     return _measured[key]
 
 
-def measure(options: CascadeOptions, *, heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, batch: int) -> DeviceCosts:
+def measure(
+    options: CascadeOptions, *, heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, batch: int
+) -> DeviceCosts:
     """Time cascade.attention (one layer's decode step) for the four layouts in the module docstring."""
     gpu = mx.default_device() != mx.cpu
     p = 512 if gpu else 128
@@ -64,9 +77,10 @@ def measure(options: CascadeOptions, *, heads: int, kv_heads: int, dim: int, dty
         mask = mx.ones((batch, 1, 1, n), mx.bool_)
         mx.eval(k, v, *[x for lv in levels for x in (lv.keys, lv.values)])
         buffers = (k, v)
+        packed = packing.pack(levels, batch) if options.packing else None  # as the batch cache holds it
 
         def run(x: mx.array) -> mx.array:
-            return cascade.attention(x, k, v, levels, dim**-0.5, mask, start, buffers, options)
+            return cascade.attention(x, k, v, levels, dim**-0.5, mask, start, buffers, options, packed=packed)
 
         return _best(run, q)
 

@@ -85,9 +85,7 @@ def references(level: LevelUse, batch: int, costs: DeviceCosts, limit: int = COP
     return reference_cost(level, costs) <= copy_cost(level, batch, costs)
 
 
-def referenced_levels(
-    levels: Sequence[LevelUse], batch: int, costs: DeviceCosts, limit: int = COPY_BYTES_LIMIT
-) -> int:
+def referenced_levels(levels: Sequence[LevelUse], batch: int, costs: DeviceCosts, limit: int = COPY_BYTES_LIMIT) -> int:
     """How many of a row's levels (shallowest first) it references; it holds the rest as copies."""
     for i, level in enumerate(levels):
         if not references(level, batch, costs, limit):

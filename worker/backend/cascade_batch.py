@@ -143,7 +143,7 @@ class CascadeBatch(DecodeBatch):
         backend: BatchOwner,
         cache: PrefixCache,
         min_level: int = defaults.CASCADE_MIN_LEVEL_TOKENS,
-        costs: DeviceCosts | None | bool = True,
+        costs: DeviceCosts | bool | None = True,
     ) -> None:
         """costs: the device's costs for the cost model, True to measure them (calibrate.py), None or False to
         reference every level."""
