@@ -45,16 +45,19 @@ def decode(
     kernel = options.suffix_kernel
     if not (kernel is not None and levels and start is not None and ragged.supported(h, k.shape[1], q.shape[-1])):
         kernel = None
-    if levels and options.packing:
+    prefix = options.prefix_kernel if kernel is not None else None
+    if prefix is not None and not prefix_supported(q.dtype, h, k.shape[1], q.shape[-1]):
+        prefix = None
+    one_level = len(levels) == 1 and levels[0].rows is None
+    if levels and options.packing and not (prefix is not None and one_level):  # that one: the prefix kernel's
         o, lse = packing.decode(q, packed if packed is not None else packing.pack(levels, b), scale, options)
         if kernel is not None:
             return kernel(q, k, v, start, o, lse, scale)
         # Not compiled: parts.attend's shapeless compile crashed the CPU on a batch of one (mlx 0.32.4).
         own = attend(q, k, v, scale, mask)
         return merge([own, (o, lse)], compiled=options.compiling)[0].astype(q.dtype)
-    prefix = options.prefix_kernel if kernel is not None else None
-    if prefix is not None and prefix_supported(q.dtype, h, k.shape[1], q.shape[-1]):
-        if len(levels) == 1 and levels[0].rows is None:  # one level for every row: the kernel merges its parts
+    if prefix is not None:
+        if one_level:  # one level for every row: the kernel merges its parts
             return kernel(q, k, v, start, *prefix(q, levels[0].keys, levels[0].values, None, scale), scale)
         return kernel(q, k, v, start, *_prefix_levels(q, levels, scale, prefix, options), scale)
     structure = tuple(lv.rows is not None for lv in levels)
