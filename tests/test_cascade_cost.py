@@ -16,6 +16,9 @@ from omlx_jobs.worker.attention.cascade_cost import (
 GPU = DeviceCosts(level_call_s=150e-6, level_token_s=1.4e-9, copy_token_s=1.4e-9, bytes_per_token=147_456)
 # The CPU: calls are cheap next to reading keys, and the own suffixes are read padded to the longest.
 CPU = DeviceCosts(level_call_s=5e-6, level_token_s=2e-9, copy_token_s=2e-9, padded=True)
+# The CPU as calibrate.cpu_costs estimates it for SmolLM2 (9 heads of 64) and the tiny test model (4 of 16).
+SMOLLM2 = DeviceCosts(150e-6, 0.0, 46e-9, True, 0, 11.5e-9)
+TINY = DeviceCosts(150e-6, 0.0, 5.1e-12, True, 0, 1.3e-12)
 
 
 def test_short_levels_and_few_sharers_are_copied_long_shared_ones_referenced() -> None:
@@ -36,6 +39,14 @@ def test_the_choice_follows_the_costs_it_is_given() -> None:
     assert references(level, 128, CPU)
     assert references(level, 128, DeviceCosts.always_reference())
     assert not references(level, 128, DeviceCosts.always_copy())
+
+
+def test_on_the_cpu_referenced_rows_still_compute_each_token() -> None:
+    """Compute-bound: a reference saves only the padded rows' work and the rows' own matrix-vector products."""
+    assert reference_cost(LevelUse(300, 8), SMOLLM2) == 150e-6 + 300 * 8 * 11.5e-9
+    assert references(LevelUse(300, 8), 64, SMOLLM2)  # 8 system prompts x 8 requests at batch 64
+    assert references(LevelUse(2100, 64), 64, SMOLLM2)  # the shared document of 64 questions
+    assert not references(LevelUse(75, 4), 32, TINY)  # the tiny model's short levels: cheaper copied
 
 
 def test_a_live_level_is_referenced_its_call_is_paid() -> None:
@@ -68,7 +79,7 @@ def test_the_choice_is_a_pure_function() -> None:
 
 def test_the_calibration_measures_costs_the_model_can_compare() -> None:
     """A tiny shape measured on the CPU (what a GPU runs at start-up): finite, non-negative costs; the CPU itself
-    uses its fixed costs, under which a level read by several rows is referenced."""
+    uses its estimated costs."""
     import mlx.core as mx  # MLX only for this test: the rest of the module is pure
 
     from omlx_jobs.worker.attention import calibrate
@@ -78,5 +89,4 @@ def test_the_calibration_measures_costs_the_model_can_compare() -> None:
     assert all(0.0 <= c < 1.0 for c in (costs.level_call_s, costs.level_token_s, costs.copy_token_s))
     assert costs.padded  # no suffix kernel: mx ops over padded rows
     cpu = calibrate.device_costs(CascadeOptions(), heads=4, kv_heads=2, dim=16, dtype=mx.float32, batch=4, layers=2)
-    assert cpu == calibrate.CPU_COSTS
-    assert references(LevelUse(40, 2), 4, cpu)
+    assert cpu == calibrate.cpu_costs(4, 16, 2 * 2 * 2 * 16 * 4)

@@ -6,7 +6,8 @@ Presets (token-id prompts, EOS ignored everywhere, the same batch sizes for ever
   twolevel  one 300-token system prompt over 4 documents of 2,000 tokens, 48 questions each, 32 tokens out
 Runs, each in a process of its own after an unmeasured job of the same shapes (other tokens):
   cascade   the default engine          off   cascade off (OMLX_JOBS_CASCADE=0)          bg   mlx_lm.batch_generate
-  nopack    one call per level (OMLX_JOBS_CASCADE_PACKED=0)   nocost   every level referenced (OMLX_JOBS_CASCADE_COST=0)
+  nopack    one call per level (OMLX_JOBS_CASCADE_PACKED=0)   packed   one packed call, also on the CPU (=1)
+  nocost   every level referenced (OMLX_JOBS_CASCADE_COST=0)
   step      the isolated decode step (bench/lib/steps.py, pipelined as BatchGenerator runs it, today's routing)
             at the job's rows and mean context (prompt + half the answer): the tok/s a job's decode could reach
 Per run: wall, the engine's split, decode steps and ms per step, generated tok/s in decode and its share of the
@@ -37,10 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import omlx_jobs.worker  # noqa: F401  (fast BLAS before mlx)
 
-RUNS = ("cascade", "off", "bg", "nopack", "nocost", "step")
+RUNS = ("cascade", "off", "bg", "nopack", "packed", "nocost", "step")
 ENV = {
     "off": {"OMLX_JOBS_CASCADE": "0"},
     "nopack": {"OMLX_JOBS_CASCADE_PACKED": "0"},
+    "packed": {"OMLX_JOBS_CASCADE_PACKED": "1"},
     "nocost": {"OMLX_JOBS_CASCADE_COST": "0"},
 }
 """The environment each run's process gets on top of this one's."""
@@ -223,7 +225,7 @@ def report(rows: list[dict[str, Any]]) -> dict[str, float]:
         print(f"step: {by['step']['rows']} rows at {by['step']['context']} tokens of context")
     ratios: dict[str, float] = {}
     if "cascade" in by:
-        for other in ("off", "bg", "nopack", "nocost"):
+        for other in ("off", "bg", "nopack", "packed", "nocost"):
             if other in by:
                 ratios[f"wall_{other}_over_cascade"] = round(by[other]["seconds"] / by["cascade"]["seconds"], 2)
     if "off" in by and "bg" in by:
@@ -254,7 +256,9 @@ def main() -> None:
     rows = []
     for run in args.runs.split(","):
         rows.append(spawn(args, run))
-        print(f"   {run}: {rows[-1].get('seconds', 'failed')} s", flush=True)
+        done = rows[-1]
+        said = f"{done['seconds']} s" if "seconds" in done else f"{done.get('ms_per_step', 'failed')} ms a step"
+        print(f"   {run}: {said}", flush=True)
     ratios = report(rows)
     for r in rows:
         if r.get("profile"):

@@ -5,9 +5,12 @@ row continues (the base), then its rows' own suffixes longer by P tokens (what a
 of half the rows, at two lengths (a referenced level's fixed cost and its cost per token). Each timing is a chain of
 calls evaluated once, the best of a few repeats; the whole measure takes well under a second on an H200.
 
-The CPU is not measured: its own-suffix attention is mx ops over every row padded to the longest (a copy costs
-every row of the batch), its calls are cheap next to reading keys, and timings on a shared CPU were noise (a
-level's call measured cheaper than none). CPU_COSTS say so: every level that saves reads is referenced.
+The CPU is not measured (timings on a shared CPU were noise: a level's call measured cheaper than none), but
+estimated (cpu_costs): attention there is compute-bound, its own-suffix part is mx ops over every row padded to
+the longest (a copy costs every row of the batch), a referenced level's rows are one matmul (taken as 4x as
+efficient as the rows' own matrix-vector products), and each level costs a fixed overhead per layer. So a small
+model's short levels are copied (on the tiny test model, cascade off measured faster than references), and a
+real model's levels shared by several rows, or long, are referenced (SmolLM2: cascade measured faster).
 """
 
 from __future__ import annotations
@@ -27,8 +30,24 @@ CALLS = 12
 """Calls per timing (chained: each call's output is the next one's queries)."""
 REPEATS = 3
 
-CPU_COSTS = DeviceCosts(level_call_s=0.0, level_token_s=1.0, copy_token_s=1.0, padded=True)
-"""The CPU's costs (see the module docstring): a reference costs its tokens once, a copy once per batch row."""
+CPU_FLOPS = 50e9
+"""Attention arithmetic a CPU core pair does per second, for cpu_costs (float32, mlx 0.32.4)."""
+CPU_LEVEL_CALL_S = 150e-6
+"""A referenced level's fixed cost per layer and step on the CPU (its graph, gathers and merge)."""
+
+
+def cpu_costs(heads: int, dim: int, per_token: int = 0) -> DeviceCosts:
+    """The CPU's estimated costs (see the module docstring) for a model of `heads` query heads of size `dim`."""
+    row_token = 4 * heads * dim / CPU_FLOPS  # scores and weighted values: 2 multiply-adds per head and dimension
+    return DeviceCosts(
+        level_call_s=CPU_LEVEL_CALL_S,
+        level_token_s=0.0,
+        copy_token_s=row_token,
+        padded=True,
+        bytes_per_token=per_token,
+        level_row_token_s=row_token / 4,
+    )
+
 
 _measured: dict[tuple[object, ...], DeviceCosts] = {}
 
@@ -36,15 +55,15 @@ _measured: dict[tuple[object, ...], DeviceCosts] = {}
 def device_costs(
     options: CascadeOptions, *, heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, batch: int, layers: int
 ) -> DeviceCosts:
-    """The costs for this shape under `options`, measured the first time (cached per process); CPU_COSTS on the
-    CPU."""
+    """The costs for this shape under `options`, measured the first time (cached per process); estimated on the
+    CPU (cpu_costs)."""
     gpu = mx.default_device() != mx.cpu
+    per_token = layers * 2 * kv_heads * dim * dtype.size
     if not gpu:
-        return CPU_COSTS
+        return cpu_costs(heads, dim, per_token)
     key = (str(mx.default_device()), heads, kv_heads, dim, dtype, batch, options.suffix_kernel is not None, gpu)
     if key not in _measured:
         _measured[key] = measure(options, heads=heads, kv_heads=kv_heads, dim=dim, dtype=dtype, batch=batch)
-        per_token = layers * 2 * kv_heads * dim * dtype.size
         _measured[key] = DeviceCosts(**{**_measured[key].__dict__, "bytes_per_token": per_token})
     return _measured[key]
 

@@ -37,6 +37,8 @@ class DeviceCosts:
     suffix kernel, which starts each row at its first real key): a copy then costs every row of the batch."""
     bytes_per_token: int = 0
     """Keys and values of one token over all layers (for COPY_BYTES_LIMIT); 0: no memory limit."""
+    level_row_token_s: float = 0.0
+    """Per row and token of a referenced level (compute-bound devices: the CPU; a GPU's is in level_token_s)."""
 
     @classmethod
     def always_reference(cls) -> DeviceCosts:
@@ -64,7 +66,7 @@ class LevelUse:
 def reference_cost(level: LevelUse, costs: DeviceCosts) -> float:
     """Seconds per layer and step that referencing `level` adds (nothing fixed if it is live)."""
     fixed = 0.0 if level.live else costs.level_call_s
-    return fixed + level.length * costs.level_token_s
+    return fixed + level.length * (costs.level_token_s + level.sharers * costs.level_row_token_s)
 
 
 def copy_cost(level: LevelUse, batch: int, costs: DeviceCosts) -> float:
