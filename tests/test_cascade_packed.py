@@ -72,3 +72,32 @@ def test_padded_rows_see_nothing() -> None:
     assert not p.visible[7].any().item()  # the row without prefix sees no level
     o, lse = packed.decode(q, p, 0.25, CascadeOptions(packed="always"))
     assert mx.isinf(lse[7]).all().item() and not mx.abs(o[7]).max().item()
+
+
+def test_the_batch_cache_packs_once_while_its_levels_stay() -> None:
+    """CascadeKVCache: rows leaving keep the packed keys when the set of levels is the same; a level gone repacks."""
+    from mlx_lm.models.cache import KVCache
+
+    from omlx_jobs.worker.backend.cascade_cache import SharedPrefixes, row_caches
+
+    def entry(n: int) -> list[KVCache]:
+        c = KVCache()
+        c.update_and_fetch(mx.random.normal((1, 2, n, 16)), mx.random.normal((1, 2, n, 16)))
+        return [c]
+
+    shared = SharedPrefixes()
+    a, b = entry(40), entry(24)
+    rows = [
+        row_caches(shared.chain([(key, e, n)]), 1)[0] for key, e, n in [(b"a", a, 40), (b"a", a, 40), (b"b", b, 24)]
+    ]
+    rows.append(row_caches(shared.chain([(b"b", b, 24)]), 1)[0])
+    cache = type(rows[0]).merge(rows)
+    first = cache.cascade_packed()
+    assert first is not None and first.keys.shape[2] == 64 and first.visible.shape == (4, 64)
+    cache.filter([0, 2, 3])
+    kept = cache.cascade_packed()
+    assert kept is not first and kept.keys is first.keys  # new mask, same packed keys
+    assert kept.visible.sum().item() == 40 + 24 + 24
+    cache.filter([0])
+    alone = cache.cascade_packed()
+    assert alone is not None and alone.keys.shape[2] == 40
