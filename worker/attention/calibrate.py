@@ -15,6 +15,7 @@ real model's levels shared by several rows, or long, are referenced (SmolLM2: ca
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -22,7 +23,7 @@ import mlx.core as mx
 
 from omlx_jobs.worker.attention import cascade
 from omlx_jobs.worker.attention import packed as packing
-from omlx_jobs.worker.attention.cascade_cost import DeviceCosts
+from omlx_jobs.worker.attention.cascade_cost import COPY_BYTES_LIMIT, DeviceCosts
 from omlx_jobs.worker.attention.options import CascadeOptions
 from omlx_jobs.worker.attention.parts import Level
 
@@ -64,7 +65,10 @@ def device_costs(
     key = (str(mx.default_device()), heads, kv_heads, dim, dtype, batch, options.suffix_kernel is not None, gpu)
     if key not in _measured:
         _measured[key] = measure(options, heads=heads, kv_heads=kv_heads, dim=dim, dtype=dtype, batch=batch)
-        _measured[key] = DeviceCosts(**{**_measured[key].__dict__, "bytes_per_token": per_token})
+        info = mx.device_info()
+        memory = int(info.get("memory_size") or info.get("total_memory") or 0)
+        limit = max(COPY_BYTES_LIMIT, memory // 4)
+        _measured[key] = dataclasses.replace(_measured[key], bytes_per_token=per_token, copy_limit=limit)
     return _measured[key]
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 COPY_BYTES_LIMIT = 8 * 1024**3
 """Copies of one level that would take more bytes than this (across the batch, padding included) are referenced
-whatever the time model says: cascade's memory saving is the reason it exists."""
+whatever the time model says: cascade's memory saving is the reason it exists. A GPU's limit is a quarter of its
+memory where that is more (calibrate.py)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class DeviceCosts:
     """Keys and values of one token over all layers (for COPY_BYTES_LIMIT); 0: no memory limit."""
     level_row_token_s: float = 0.0
     """Per row and token of a referenced level (compute-bound devices: the CPU; a GPU's is in level_token_s)."""
+    copy_limit: int = COPY_BYTES_LIMIT
+    """Bytes of copies of one level past which it is referenced (the default of `references`' limit)."""
 
     @classmethod
     def always_reference(cls) -> DeviceCosts:
@@ -80,8 +83,10 @@ def copy_bytes(level: LevelUse, batch: int, costs: DeviceCosts) -> int:
     return max(batch, level.sharers) * level.length * costs.bytes_per_token
 
 
-def references(level: LevelUse, batch: int, costs: DeviceCosts, limit: int = COPY_BYTES_LIMIT) -> bool:
-    """Whether `level` is cheaper referenced than copied (a live level always is; a tie references)."""
+def references(level: LevelUse, batch: int, costs: DeviceCosts, limit: int | None = None) -> bool:
+    """Whether `level` is cheaper referenced than copied (a live level always is; a tie references); `limit`:
+    costs.copy_limit unless given."""
+    limit = costs.copy_limit if limit is None else limit
     if level.live or (costs.bytes_per_token and copy_bytes(level, batch, costs) > limit):
         return True
     return reference_cost(level, costs) <= copy_cost(level, batch, costs)
