@@ -92,9 +92,11 @@ def route(
             if sinks is not None:
                 raise NotImplementedError("cascade attention has no attention sinks; this model must keep KVCache")
             start, buffers = own.left_padding, (own.keys, own.values)
-            packed = cache.cascade_packed() if queries.shape[2] == 1 and routing.cascade.packing else None
             options = routing.cascade
-            return cascade.attention(queries, keys, values, levels, scale, mask, start, buffers, options, packed=packed)
+            if queries.shape[2] == 1 and options.packing:  # the levels packed once per layout (packed.py)
+                packed = cache.cascade_packed()
+                return cascade.attention(queries, keys, values, levels, scale, mask, start, buffers, options, packed)
+            return cascade.attention(queries, keys, values, levels, scale, mask, start, buffers, options)
         cache = own  # no level in this batch: today's path on the own suffixes
     if routing.ragged is not None and _ragged_applies(queries, keys, cache, mask, sinks):
         return routing.ragged(queries, keys, values, cache.left_padding, scale)
