@@ -53,14 +53,22 @@ class Switches:
     cascade_fused_decode: bool = False
     """OMLX_JOBS_CASCADE_FUSED_DECODE=1: cascade decode steps through mlx's fused attention (slower than the kernel
     path on an H200, bench/RESULTS.md; Metal is untested)."""
+    cascade_packed: Mode = "auto"
+    """OMLX_JOBS_CASCADE_PACKED: attend a decode step's prefix levels in one masked call over their keys packed
+    together, however many groups and levels ("0" never: one call per level; "1" everywhere; else on GPUs)."""
     cascade_compile: Mode = "auto"
     """OMLX_JOBS_CASCADE_COMPILE=0: run cascade attention's mx ops one by one instead of compiled (on GPUs; the CPU
     never compiles them unless a test says "always")."""
     cpu_prefill: bool = True
     """OMLX_JOBS_CPU_PREFILL=0: leave every CPU prefill chunk to mlx's attention instead of causal blocks."""
+    cascade_cost: bool = True
+    """OMLX_JOBS_CASCADE_COST=0: reference every prefix level instead of letting the cost model copy the levels not
+    worth a reference into their rows (worker/attention/cascade_cost.py)."""
     # Tuning, not read from the environment: tests set them to exercise more blocks and cuts.
     fused_rows_per_call: int = FUSED_ROWS_PER_CALL
     min_level_tokens: int = CASCADE_MIN_LEVEL_TOKENS
+    level_costs: tuple[float, float, float, bool] | None = None
+    """The cost model's device costs (cascade_cost.DeviceCosts' first four fields) instead of measuring them."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Switches:
@@ -72,8 +80,10 @@ class Switches:
             cascade_prefix_kernel=env.get("OMLX_JOBS_CASCADE_PREFIX_KERNEL", "1") != "0",
             cascade_fused_prefill=_MODES.get(env.get("OMLX_JOBS_CASCADE_FUSED_PREFILL", "auto"), "auto"),
             cascade_fused_decode=env.get("OMLX_JOBS_CASCADE_FUSED_DECODE", "0") == "1",
+            cascade_packed=_MODES.get(env.get("OMLX_JOBS_CASCADE_PACKED", "auto"), "auto"),
             cascade_compile="never" if env.get("OMLX_JOBS_CASCADE_COMPILE", "1") == "0" else "auto",
             cpu_prefill=env.get("OMLX_JOBS_CPU_PREFILL", "1") != "0",
+            cascade_cost=env.get("OMLX_JOBS_CASCADE_COST", "1") != "0",
         )
 
 

@@ -55,9 +55,13 @@ def greedy(max_tokens: int = 8, n: int = 1) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, n=n)
 
 
+REFERENCE_ALL = (0.0, 0.0, 1.0, False)
+"""Device costs under which the cost model references every level (the tests of the referencing paths)."""
+
+
 def switched(**kw: Any) -> Switches:
-    """The environment's switches (the defaults here), with some set."""
-    return dataclasses.replace(Switches.from_env(), **kw)
+    """The environment's switches (the defaults here, every level referenced), with some set."""
+    return dataclasses.replace(Switches.from_env(), **{"level_costs": REFERENCE_ALL, **kw})
 
 
 def run_job(
@@ -68,7 +72,7 @@ def run_job(
         prefill_batch_size=3,
         min_shared_tokens=8,
         cache_memory=None,
-        switches=dataclasses.replace(switches or Switches.from_env(), cascade=use),
+        switches=dataclasses.replace(switches or switched(), cascade=use),
     )
     engine = Engine(loaded, config)
     assert engine.backend.cascade is use
@@ -111,10 +115,10 @@ def test_several_groups_share_one_batch(tiny_loaded: LoadedModel, monkeypatch: p
     levels_seen: list[int] = []
     real = cascade.attention
 
-    def spy(q: mx.array, k: mx.array, v: mx.array, levels: Any, *args: Any) -> mx.array:
+    def spy(q: mx.array, k: mx.array, v: mx.array, levels: Any, *args: Any, **kwargs: Any) -> mx.array:
         if q.shape[2] == 1:
             levels_seen.append(len(levels))
-        return real(q, k, v, levels, *args)
+        return real(q, k, v, levels, *args, **kwargs)
 
     monkeypatch.setattr(cascade, "attention", spy)
     prompts = job_prompts(seed=1)
@@ -127,6 +131,44 @@ def test_short_levels_fold_into_the_rows(tiny_loaded: LoadedModel) -> None:
     prompts = job_prompts(seed=2)
     folded = run_job(tiny_loaded, prompts, use=True, batch=8, switches=switched(min_level_tokens=64))
     assert folded == run_job(tiny_loaded, prompts, use=False, batch=8)
+
+
+@pytest.mark.parametrize("batch", [1, 5, 16])
+@pytest.mark.parametrize(
+    "costs", [(1.0, 1.0, 0.0, False), (60.0, 0.0, 1.0, False), None], ids=["copy-all", "mixed", "measured"]
+)
+def test_levels_the_cost_model_copies_give_todays_tokens(
+    tiny_loaded: LoadedModel, batch: int, costs: Any, chains: list[int]
+) -> None:
+    """The cost model copies every level ("copy-all"), the short documents shared by few rows while the system
+    prompt is referenced ("mixed": a reference costs 60 row-tokens), or what the CPU measured at start-up; rows
+    join and leave the batch as they finish: the same greedy tokens as today's path."""
+    prompts = job_prompts(seed=8)
+    today = run_job(tiny_loaded, prompts, use=False, batch=batch)
+    switches = switched(level_costs=costs)
+    assert run_job(tiny_loaded, prompts, use=True, batch=batch, switches=switches) == today
+    assert chains
+    if costs == (1.0, 1.0, 0.0, False):
+        assert set(chains) == {0}
+    if costs == (60.0, 0.0, 1.0, False) and batch == 16:
+        assert 0 in chains and max(chains) >= 1
+
+
+@pytest.mark.parametrize("batch", [1, 5, 16])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_every_level_in_one_packed_call_gives_todays_tokens(
+    tiny_loaded: LoadedModel, batch: int, compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPUs attend a decode step's levels in one masked call over their packed keys (attention/packed.py); forced
+    here on the CPU, compiled or not, as rows join and leave a batch of several groups and one or two levels."""
+    from omlx_jobs.worker.attention import packed
+
+    calls = count_calls(monkeypatch, packed, "decode")
+    prompts = job_prompts(seed=9)
+    today = run_job(tiny_loaded, prompts, use=False, batch=batch)
+    switches = switched(cascade_packed="always", cascade_compile="always" if compiled else "never")
+    assert run_job(tiny_loaded, prompts, use=True, batch=batch, switches=switches) == today
+    assert calls() > 0
 
 
 def test_the_switch_and_models_that_cannot_take_it(tiny_loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,7 +185,8 @@ def test_the_switch_and_models_that_cannot_take_it(tiny_loaded: LoadedModel, mon
 
 def warm_engine(loaded: LoadedModel, prompts: list[list[int]]) -> Engine:
     """An engine whose prefix cache holds every shared prefix of `prompts` (a run made them)."""
-    engine = Engine(loaded, EngineConfig(cache_memory=None, min_shared_tokens=8, prefill_batch_size=3))
+    config = EngineConfig(cache_memory=None, min_shared_tokens=8, prefill_batch_size=3, switches=switched())
+    engine = Engine(loaded, config)
     engine.run([WorkItem(i, p, greedy(1)) for i, p in enumerate(prompts)], lambda rs: None)
     return engine
 

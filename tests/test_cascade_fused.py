@@ -8,8 +8,6 @@ real engine.
 
 from __future__ import annotations
 
-import dataclasses
-
 import mlx.core as mx
 import pytest
 
@@ -19,7 +17,7 @@ from omlx_jobs.worker.attention import fused as cascade_fused
 from omlx_jobs.worker.attention.options import CascadeOptions
 from omlx_jobs.worker.models.loaded import LoadedModel
 from tests.cascade_cases import case, count_calls
-from tests.test_cascade_engine import job_prompts, run_job
+from tests.test_cascade_engine import job_prompts, run_job, switched
 
 
 def buffers(k: mx.array, v: mx.array, size: int) -> tuple[mx.array, mx.array]:
@@ -70,7 +68,7 @@ def test_fused_decode_through_the_engine_equals_todays_path(
 ) -> None:
     """Greedy ids of a job with one- and two-level prefixes and several groups per batch, decoded through
     cascade_fused.decode (forced on the CPU), equal those with every row holding a copy of its prefix."""
-    fused = dataclasses.replace(Switches.from_env(), cascade_fused_decode=True, fused_rows_per_call=3)
+    fused = switched(cascade_fused_decode=True, fused_rows_per_call=3)  # every level referenced
     decoded = count_calls(monkeypatch, cascade_fused, "decode")
     prompts = job_prompts(seed=5)
     on = run_job(tiny_loaded, prompts, use=True, batch=8, switches=fused)

@@ -6,8 +6,13 @@ Presets (token-id prompts, EOS ignored everywhere, the same batch sizes for ever
   twolevel  one 300-token system prompt over 4 documents of 2,000 tokens, 48 questions each, 32 tokens out
 Runs, each in a process of its own after an unmeasured job of the same shapes (other tokens):
   cascade   the default engine          off   cascade off (OMLX_JOBS_CASCADE=0)          bg   mlx_lm.batch_generate
-Per run: wall, the engine's split, decode steps and ms per step, generated tok/s in decode, graphs compiled by
-the cascade decode path (memo misses), and with --profile the top functions of a cProfile of the measured job.
+  nopack    one call per level (OMLX_JOBS_CASCADE_PACKED=0)   packed   one packed call, also on the CPU (=1)
+  nocost   every level referenced (OMLX_JOBS_CASCADE_COST=0)
+  step      the isolated decode step (bench/lib/steps.py, pipelined as BatchGenerator runs it, today's routing)
+            at the job's rows and mean context (prompt + half the answer): the tok/s a job's decode could reach
+Per run: wall, the engine's split, decode steps and ms per step, generated tok/s in decode and its share of the
+isolated step's, graphs compiled by the cascade decode path (memo misses: measured job + its warm-up), and with
+--profile the top functions of a cProfile of the measured job.
 
     .venv/bin/python bench/engine/dataset_job.py --model tiny --preset dataset --scale 0.1            # CPU check
     python3 bench/engine/dataset_job.py --model random:qwen3-8b --dtype bfloat16 --preset dataset --batch-size 128
@@ -17,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import dataclasses
 import io
 import json
 import os
@@ -34,7 +38,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import omlx_jobs.worker  # noqa: F401  (fast BLAS before mlx)
 
-RUNS = ("cascade", "off", "bg")
+RUNS = ("cascade", "off", "bg", "nopack", "packed", "nocost", "step")
+ENV = {
+    "off": {"OMLX_JOBS_CASCADE": "0"},
+    "nopack": {"OMLX_JOBS_CASCADE_PACKED": "0"},
+    "packed": {"OMLX_JOBS_CASCADE_PACKED": "1"},
+    "nocost": {"OMLX_JOBS_CASCADE_COST": "0"},
+}
+"""The environment each run's process gets on top of this one's."""
 
 
 def preset_prompts(name: str, vocab: int, scale: float, seed: int) -> tuple[list[list[int]], int]:
@@ -91,6 +102,36 @@ def _count_steps() -> dict[str, int]:
     return counts
 
 
+def isolated_step(args: argparse.Namespace) -> dict[str, Any]:
+    """The decode step alone at the job's rows and mean context, as the engine's routing runs today's path."""
+    import mlx.core as mx
+
+    from bench.lib.models import load_bench_model
+    from bench.lib.steps import own_caches, pipelined_ms
+    from omlx_jobs.worker.attention import routing
+    from omlx_jobs.worker.attention.kernels import ragged
+    from omlx_jobs.worker.attention.options import Routing
+
+    loaded = load_bench_model(args.model, dtype=args.dtype)
+    mx.eval(loaded.model.parameters())
+    prompts, max_tokens = preset_prompts(args.preset, loaded.vocab_size, args.scale, seed=0)
+    rows = min(args.batch_size, len(prompts))
+    context = sum(len(p) for p in prompts) // len(prompts) + max_tokens // 2
+    dtype = loaded.model.layers[0].self_attn.k_proj.weight.dtype
+    dtype = mx.float32 if dtype not in (mx.float16, mx.bfloat16, mx.float32) else dtype
+    caches = own_caches(loaded.model, rows, context, dtype)
+    kernel = ragged.ragged_decode if ragged.available() and routing.install(loaded.model) else None
+    with routing.active(Routing(ragged=kernel)):
+        ms = pipelined_ms(loaded.model, caches, mx.array([[7]] * rows), [c._idx for c in caches], args.step_iters)
+    return {
+        "run": "step",
+        "rows": rows,
+        "context": context,
+        "ms_per_step": round(ms, 2),
+        "decode_tok_s": round(rows / ms * 1000, 1),
+    }
+
+
 def child(args: argparse.Namespace) -> dict[str, Any]:
     import mlx.core as mx
 
@@ -110,7 +151,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         ignore_eos=True,
         min_shared_tokens=args.min_shared_tokens,
         cache_memory=None,
-        switches=dataclasses.replace(Switches.from_env(), cascade=args.child == "cascade"),
+        switches=Switches.from_env(),
     )
     compiles, steps = _count_compiles(), _count_steps()
     gpu = mx.default_device() == mx.gpu
@@ -157,7 +198,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
 def spawn(args: argparse.Namespace, run: str) -> dict[str, Any]:
     argv = [sys.executable, __file__, *sys.argv[1:], "--child", run]
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **ENV.get(run, {})}
     out = subprocess.run(argv, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         print(f"-- {run} failed (exit {out.returncode}):\n{out.stderr[-3000:]}", flush=True)
@@ -167,17 +208,24 @@ def spawn(args: argparse.Namespace, run: str) -> dict[str, Any]:
 
 def report(rows: list[dict[str, Any]]) -> dict[str, float]:
     cols = ("seconds", "warmup_s", "prefill_s", "decode_s", "decode_steps", "ms_per_step", "decode_tok_s")
-    print(f"{'run':8} " + " ".join(f"{c:>12}" for c in (*cols, "graphs")))
+    by = {r["run"]: r for r in rows if "error" not in r}
+    step = by.get("step", {}).get("decode_tok_s")
+    print(f"{'run':8} " + " ".join(f"{c:>12}" for c in (*cols, "of_step", "graphs")))
     for r in rows:
         if "error" in r:
             print(f"{r['run']:8} failed")
             continue
-        graphs = f"{r['graphs_compiled']}+{r['graphs_compiled_warm']}w"
-        print(f"{r['run']:8} " + " ".join(f"{r.get(c) if r.get(c) is not None else '-':>12}" for c in cols), graphs)
-    by = {r["run"]: r for r in rows if "error" not in r}
+        graphs = f"{r['graphs_compiled']}+{r['graphs_compiled_warm']}w" if "graphs_compiled" in r else "-"
+        share = "-"
+        if step and r.get("decode_tok_s") and r["run"] != "step":
+            share = r["of_step"] = round(r["decode_tok_s"] / step, 2)
+        fields = " ".join(f"{r.get(c) if r.get(c) is not None else '-':>12}" for c in cols)
+        print(f"{r['run']:8} {fields} {share:>12} {graphs}")
+    if "step" in by:
+        print(f"step: {by['step']['rows']} rows at {by['step']['context']} tokens of context")
     ratios: dict[str, float] = {}
     if "cascade" in by:
-        for other in ("off", "bg"):
+        for other in ("off", "bg", "nopack", "packed", "nocost"):
             if other in by:
                 ratios[f"wall_{other}_over_cascade"] = round(by[other]["seconds"] / by["cascade"]["seconds"], 2)
     if "off" in by and "bg" in by:
@@ -195,19 +243,22 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--prefill-batch-size", type=int, default=8)
     ap.add_argument("--min-shared-tokens", type=int, default=16)
-    ap.add_argument("--runs", default="cascade,off,bg")
+    ap.add_argument("--runs", default="cascade,off,bg,step", help=f"comma-separated, of {', '.join(RUNS)}")
+    ap.add_argument("--step-iters", type=int, default=20, help="timed steps of the isolated step")
     ap.add_argument("--profile", action="store_true", help="cProfile the measured job (ours) and print its top")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--child", choices=RUNS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args)), flush=True)
+        print(json.dumps(isolated_step(args) if args.child == "step" else child(args)), flush=True)
         return
     print(f"model {args.model} ({args.dtype}); preset {args.preset} x{args.scale}; batch {args.batch_size}", flush=True)
     rows = []
     for run in args.runs.split(","):
         rows.append(spawn(args, run))
-        print(f"   {run}: {rows[-1].get('seconds', 'failed')} s", flush=True)
+        done = rows[-1]
+        said = f"{done['seconds']} s" if "seconds" in done else f"{done.get('ms_per_step', 'failed')} ms a step"
+        print(f"   {run}: {said}", flush=True)
     ratios = report(rows)
     for r in rows:
         if r.get("profile"):

@@ -30,6 +30,7 @@ import mlx.core as mx
 
 from omlx_jobs.worker.attention import cascade_decode, fused
 from omlx_jobs.worker.attention.options import CascadeOptions
+from omlx_jobs.worker.attention.packed import Packed
 from omlx_jobs.worker.attention.parts import Level, attend, merge, scatter_rows
 
 DEFAULT_OPTIONS = CascadeOptions()
@@ -68,17 +69,19 @@ def attention(
     start: mx.array | None = None,
     buffers: tuple[mx.array, mx.array] | None = None,
     options: CascadeOptions = DEFAULT_OPTIONS,
+    packed: Packed | None = None,
 ) -> mx.array:
     """Attention of q to each row's prefix levels followed by its own keys k, v (masked by `mask`), in q's dtype.
 
     q: [B, H, N, D]; k, v: [B, kv_heads, S, D], the rows' own suffixes (left-padded; `start` [B] int32 is each
     row's first real key, used by the decode kernel; `buffers` the own suffixes' whole key and value buffers,
-    used by fused.decode). A decode step (N == 1) is cascade_decode.decode. A prefill chunk is mx ops, split
+    used by fused.decode; `packed` the levels packed for one call, packed.py, built here when the options pack and
+    it is None). A decode step (N == 1) is cascade_decode.decode. A prefill chunk is mx ops, split
     into chunks of query positions when long (options.score_budget).
     """
     b, h, n, _ = q.shape
     if n == 1:
-        return cascade_decode.decode(q, k, v, levels, scale, mask, start, buffers, options)
+        return cascade_decode.decode(q, k, v, levels, scale, mask, start, buffers, options, packed)
     if fused.use_prefill(levels, options.fused_prefill):
         return fused.prefill(q, k, v, levels, scale, mask)
     compiled = options.compiling

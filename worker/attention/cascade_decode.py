@@ -15,10 +15,12 @@ from typing import Any
 import mlx.core as mx
 
 from omlx_jobs.worker.attention import fused
+from omlx_jobs.worker.attention import packed as packing
 from omlx_jobs.worker.attention.kernels import prefix as prefix_kernel
 from omlx_jobs.worker.attention.kernels import ragged
 from omlx_jobs.worker.attention.options import CascadeOptions, Graphs
-from omlx_jobs.worker.attention.parts import NEG_INF, Level, merge_pair, scatter_rows, softmax_v
+from omlx_jobs.worker.attention.packed import Packed
+from omlx_jobs.worker.attention.parts import NEG_INF, Level, attend, merge, merge_pair, scatter_rows, softmax_v
 
 
 def decode(
@@ -31,10 +33,12 @@ def decode(
     start: mx.array | None,
     buffers: tuple[mx.array, mx.array] | None,
     options: CascadeOptions,
+    packed: Packed | None = None,
 ) -> mx.array:
-    """cascade.attention for one query per row (its arguments). One graph per level structure and batch shape
-    (compiled on GPUs); with options.suffix_kernel the own suffixes are merged in that kernel, and with
-    options.prefix_kernel the levels attended in it where it takes the dtype and head size."""
+    """cascade.attention for one query per row (its arguments). With options.packing, the levels in one masked
+    call (packed.py); else one graph per level structure and batch shape (compiled on GPUs). With
+    options.suffix_kernel the own suffixes are merged in that kernel, and with options.prefix_kernel the levels
+    attended in it where it takes the dtype and head size (not packed)."""
     b, h, _, _ = q.shape
     if levels and start is not None and buffers is not None and options.fused_decode:
         return fused.decode(q, *buffers, k.shape[2], start, levels, scale, rows_per_call=options.rows_per_call)
@@ -42,8 +46,18 @@ def decode(
     if not (kernel is not None and levels and start is not None and ragged.supported(h, k.shape[1], q.shape[-1])):
         kernel = None
     prefix = options.prefix_kernel if kernel is not None else None
-    if prefix is not None and prefix_supported(q.dtype, h, k.shape[1], q.shape[-1]):
-        if len(levels) == 1 and levels[0].rows is None:  # one level for every row: the kernel merges its parts
+    if prefix is not None and not prefix_supported(q.dtype, h, k.shape[1], q.shape[-1]):
+        prefix = None
+    one_level = len(levels) == 1 and levels[0].rows is None
+    if levels and options.packing and not (prefix is not None and one_level):  # that one: the prefix kernel's
+        o, lse = packing.decode(q, packed if packed is not None else packing.pack(levels, b), scale, options)
+        if kernel is not None:
+            return kernel(q, k, v, start, o, lse, scale)
+        # Not compiled: parts.attend's shapeless compile crashed the CPU on a batch of one (mlx 0.32.4).
+        own = attend(q, k, v, scale, mask)
+        return merge([own, (o, lse)], compiled=options.compiling)[0].astype(q.dtype)
+    if prefix is not None:
+        if one_level:  # one level for every row: the kernel merges its parts
             return kernel(q, k, v, start, *prefix(q, levels[0].keys, levels[0].values, None, scale), scale)
         return kernel(q, k, v, start, *_prefix_levels(q, levels, scale, prefix, options), scale)
     structure = tuple(lv.rows is not None for lv in levels)

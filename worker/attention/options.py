@@ -55,6 +55,8 @@ class CascadeOptions:
     """OMLX_JOBS_CASCADE_FUSED_PREFILL: prefill chunks of one prefix group through fused attention (fused.py)."""
     fused_decode: bool = False
     """OMLX_JOBS_CASCADE_FUSED_DECODE=1: decode steps through fused attention (fused.py)."""
+    packed: Mode = "auto"
+    """OMLX_JOBS_CASCADE_PACKED: a decode step's levels in one masked call over their packed keys (packed.py)."""
     rows_per_call: int = defaults.FUSED_ROWS_PER_CALL
     """Rows per block of a fused decode call (fused.decode)."""
     score_budget: int = 1 << 26
@@ -69,6 +71,10 @@ class CascadeOptions:
     @property
     def compiling(self) -> bool:
         return mode_on(self.compile)
+
+    @property
+    def packing(self) -> bool:
+        return mode_on(self.packed)
 
 
 @dataclass(frozen=True)

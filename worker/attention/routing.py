@@ -60,6 +60,7 @@ def for_backend(switches: Switches, *, kernels: bool) -> Routing:
         compile=switches.cascade_compile,
         fused_prefill=switches.cascade_fused_prefill,
         fused_decode=switches.cascade_fused_decode,
+        packed=switches.cascade_packed,
         rows_per_call=switches.fused_rows_per_call,
         suffix_kernel=suffix_kernel.suffix_decode if kernels else None,
         prefix_kernel=prefix_kernel.prefix_decode if kernels and switches.cascade_prefix_kernel else None,
@@ -91,7 +92,11 @@ def route(
             if sinks is not None:
                 raise NotImplementedError("cascade attention has no attention sinks; this model must keep KVCache")
             start, buffers = own.left_padding, (own.keys, own.values)
-            return cascade.attention(queries, keys, values, levels, scale, mask, start, buffers, routing.cascade)
+            options = routing.cascade
+            if queries.shape[2] == 1 and options.packing:  # the levels packed once per layout (packed.py)
+                packed = cache.cascade_packed()
+                return cascade.attention(queries, keys, values, levels, scale, mask, start, buffers, options, packed)
+            return cascade.attention(queries, keys, values, levels, scale, mask, start, buffers, options)
         cache = own  # no level in this batch: today's path on the own suffixes
     if routing.ragged is not None and _ragged_applies(queries, keys, cache, mask, sinks):
         return routing.ragged(queries, keys, values, cache.left_padding, scale)

@@ -12,18 +12,23 @@ it finishes or is removed, so the cache never evicts what a row still reads and 
 
 Levels shorter than Switches.min_level_tokens (32) are not worth an attention call each per layer and step:
 such a cut is skipped (the next level starts earlier), and a short tail after the last level is copied into the
-row's own tokens instead (a few positions, exact).
+row's own tokens instead (a few positions, exact). Then the cost model (attention/cascade_cost.py, with the
+device's costs measured at start-up, attention/calibrate.py) decides, from the rows that would share each level,
+its length and the batch size, how many of the row's levels it references: the rest is copied into the row's
+own tokens as the tail is (exact too), so a batch of short levels shared by few rows decodes as cascade off does.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mlx_lm.models.cache import KVCache
 
 from omlx_jobs import defaults
+from omlx_jobs.worker.attention import calibrate
+from omlx_jobs.worker.attention.cascade_cost import DeviceCosts, LevelUse, referenced_levels
 from omlx_jobs.worker.backend.cascade_cache import SharedPrefixes, row_caches
 from omlx_jobs.worker.backend.decode import BatchOwner, DecodeBatch
 from omlx_jobs.worker.backend.rows import RowOutput, RowSpec, Timings
@@ -34,14 +39,41 @@ from omlx_jobs.worker.cache.prefix_cache import Entry, Match, PrefixCache
 class PrefixLevels:
     """The prefix levels a batch's rows reference, one object per (entry, token range), and the pins behind them."""
 
-    def __init__(self, cache: PrefixCache, layers: int, min_level: int = defaults.CASCADE_MIN_LEVEL_TOKENS) -> None:
+    def __init__(
+        self,
+        cache: PrefixCache,
+        layers: int,
+        min_level: int = defaults.CASCADE_MIN_LEVEL_TOKENS,
+        costs: Callable[[Match], DeviceCosts] | None = None,
+        batch: int = 1,
+    ) -> None:
         self.cache, self.layers, self.min_level = cache, layers, min_level
+        self.costs, self.batch = costs, batch
+        """The device's costs for a row's levels (None: reference every level), and the batch size they assume."""
         self._levels = SharedPrefixes()
         self._users: Counter[bytes] = Counter()  # rows referencing levels cut from each entry
+        self._rows: Counter[bytes] = Counter()  # rows whose path cuts a level from each entry (referenced or copied)
+        self._references: set[int] = set()  # ids of the holds behind references (the others pin copied levels)
 
     def path(self, match: Match) -> tuple[list[tuple[Entry, int]], int]:
         """The (entry, end) of each level for a row reusing `match`, shallowest first, and where the levels end
-        (the rest, up to match.length, is a short tail the row holds itself)."""
+        (the rest, up to match.length, is a tail the row holds itself: short, or levels the cost model copies).
+
+        The cost model sees each level's sharers as the batch's rows that continue it (referencing or holding a
+        copy) plus this one, and a level some row references as live."""
+        cuts, start = self.cuts(match)
+        if self.costs is None or not cuts:
+            return cuts, start
+        uses, begin = [], 0
+        for e, end in cuts:
+            uses.append(LevelUse(end - begin, self._rows[e.key] + 1, live=self._users[e.key] > 0))
+            begin = end
+        keep = referenced_levels(uses, self.batch, self.costs(match))
+        return cuts[:keep], cuts[keep - 1][1] if keep else 0
+
+    def cuts(self, match: Match) -> tuple[list[tuple[Entry, int]], int]:
+        """The levels `path` starts from: every cached entry along the trie path at least min_level deeper than
+        the previous cut (and the last, unless the tail after the previous is short)."""
         entry, length = match.entry, match.length
         cuts, start = [], 0
         for ancestor in self.cache.prefixes_of(entry.key, length):
@@ -54,9 +86,11 @@ class PrefixLevels:
         return cuts, start
 
     def acquire(self, match: Match | None) -> tuple[list[Any], list[Hold[Entry]]]:
-        """Per-layer caches for a new row starting from `match` (None: from nothing), and the holds it takes."""
+        """Per-layer caches for a new row starting from `match` (None: from nothing), and the holds it takes: one
+        per level it references, and one per level the cost model copied (counted as a sharer while it stays)."""
         if match is None:
             return row_caches([], self.layers), []
+        everything = self.cuts(match)[0] if self.costs is not None else []
         cuts, end = self.path(match)
         chain = self._levels.chain([(e.key, e.value, depth) for e, depth in cuts])
         tail = None
@@ -65,7 +99,12 @@ class PrefixLevels:
         holds = []
         for e, _ in cuts:
             holds.append(self.cache.hold(e, None))
+            self._references.add(id(holds[-1]))
             self._users[e.key] += 1
+        for e, _ in everything[len(cuts) :]:
+            holds.append(self.cache.hold(e, None))
+        for e, _ in everything:
+            self._rows[e.key] += 1
         return row_caches(chain, self.layers, tail), holds
 
     def release(self, holds: Sequence[Hold[Entry]]) -> None:
@@ -73,6 +112,13 @@ class PrefixLevels:
         for hold in holds:
             self.cache.lifetimes.release(hold)
             key = hold.entry.key
+            if self.costs is not None:
+                self._rows[key] -= 1
+                if self._rows[key] <= 0:
+                    del self._rows[key]
+            if id(hold) not in self._references:
+                continue
+            self._references.discard(id(hold))
             self._users[key] -= 1
             if self._users[key] <= 0:
                 del self._users[key]
@@ -93,12 +139,37 @@ class CascadeBatch(DecodeBatch):
     chain: mlx-lm merges the caches of a batch by the first row's type)."""
 
     def __init__(
-        self, backend: BatchOwner, cache: PrefixCache, min_level: int = defaults.CASCADE_MIN_LEVEL_TOKENS
+        self,
+        backend: BatchOwner,
+        cache: PrefixCache,
+        min_level: int = defaults.CASCADE_MIN_LEVEL_TOKENS,
+        costs: DeviceCosts | bool | None = True,
     ) -> None:
+        """costs: the device's costs for the cost model, True to measure them (calibrate.py), None or False to
+        reference every level."""
         super().__init__(backend)
-        self.levels = PrefixLevels(cache, len(backend.model.layers), min_level)
+        layers = len(backend.model.layers)
+        chooser = None
+        if isinstance(costs, DeviceCosts):
+            chooser = lambda match: costs  # noqa: E731
+        elif costs:
+            chooser = self._measured
+        self.levels = PrefixLevels(cache, layers, min_level, chooser, backend.batch_size)
         self._holds: dict[int, list[Hold[Entry]]] = {}
         self._taken: list[list[Hold[Entry]]] = []
+
+    def _measured(self, match: Match) -> DeviceCosts:
+        keys = match.entry.value[0].keys
+        model = self.backend.model
+        return calibrate.device_costs(
+            self.backend.routing.cascade,
+            heads=model.layers[0].self_attn.n_heads,
+            kv_heads=keys.shape[1],
+            dim=keys.shape[3],
+            dtype=keys.dtype,
+            batch=self.backend.batch_size,
+            layers=len(model.layers),
+        )
 
     def insert(self, rows: Sequence[RowSpec]) -> list[int]:
         self._taken = []

@@ -38,6 +38,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, _BaseCache
 
+from omlx_jobs.worker.attention import packed as packing
 from omlx_jobs.worker.attention.parts import Level
 
 OWN_STEP = 64
@@ -196,10 +197,12 @@ class CascadeKVCache(_BaseCache):  # type: ignore[misc]
     def __init__(self, chains: list[tuple[Segment, ...]], own: BatchKVCache) -> None:
         self.chains = chains
         self.own = own
+        self._packed_kv: tuple[tuple[mx.array, ...], mx.array, mx.array] | None = None
         self._invalidate()
 
     def _invalidate(self) -> None:
         self._layout: tuple[tuple[Level, ...], mx.array] | None = None
+        self._packed: packing.Packed | None = None
         self._offset_of: Any = None
         self._offset: Any = None
 
@@ -208,6 +211,25 @@ class CascadeKVCache(_BaseCache):  # type: ignore[misc]
     def cascade_layout(self) -> tuple[tuple[Level, ...], BatchKVCache]:
         """The batch's levels (each distinct segment and the rows that continue it) and the own-suffix cache."""
         return self._levels()[0], self.own
+
+    def cascade_packed(self) -> packing.Packed | None:
+        """The batch's levels packed for one call (attention/packed.py), None without levels. Built once per
+        layout; the packed keys are kept while the batch's set of levels stays the same (rows come and go)."""
+        levels = self._levels()[0]
+        if not levels:
+            return None
+        if self._packed is None:
+            order = sorted(levels, key=lambda lv: id(lv.keys))
+            arrays = tuple(lv.keys for lv in order)
+            held = self._packed_kv
+            if (
+                held is None
+                or len(held[0]) != len(arrays)
+                or any(a is not b for a, b in zip(held[0], arrays, strict=True))
+            ):
+                held = self._packed_kv = (arrays, *packing.pack_kv(order))
+            self._packed = packing.pack(order, len(self.chains), (held[1], held[2]))
+        return self._packed
 
     def _levels(self) -> tuple[tuple[Level, ...], mx.array]:
         if self._layout is None:
@@ -324,7 +346,9 @@ class CascadeKVCache(_BaseCache):  # type: ignore[misc]
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CascadeKVCache:
         # PromptProcessingBatch.split deep-copies its caches: the levels are shared, never copied.
-        return CascadeKVCache(list(self.chains), copy.deepcopy(self.own, memo))
+        out = CascadeKVCache(list(self.chains), copy.deepcopy(self.own, memo))
+        out._packed_kv = self._packed_kv
+        return out
 
     def size(self) -> int:
         return self.own.size()

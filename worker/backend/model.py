@@ -16,6 +16,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
 from omlx_jobs.defaults import Switches
 from omlx_jobs.worker.attention import routing
+from omlx_jobs.worker.attention.cascade_cost import DeviceCosts
 from omlx_jobs.worker.attention.kernels import ragged
 from omlx_jobs.worker.backend.cascade_batch import CascadeBatch
 from omlx_jobs.worker.backend.decode import DecodeBatch
@@ -68,7 +69,9 @@ class ModelBackend:
         """A decode batch for one run; close it when the run ends. With `cache` (the prefix cache rows start
         from) and cascade on, rows reference their prefix entries in it instead of copying them."""
         if self.cascade and cache is not None:
-            return CascadeBatch(self, cache, min_level=self.switches.min_level_tokens)
+            s = self.switches
+            costs = DeviceCosts(*s.level_costs) if s.level_costs is not None else s.cascade_cost
+            return CascadeBatch(self, cache, min_level=s.min_level_tokens, costs=costs)
         return DecodeBatch(self)
 
     def prefill(
