@@ -177,6 +177,11 @@ def test_sigterm_drains_hands_back_and_another_worker_finishes(
     assert 0 < left < N - 40
     shards = get_queue(redis.Redis.from_url(cluster.env["OMLX_JOBS_REDIS_URL"]), queue_name(str(cluster.model)))
     assert [x for x in shards.get_job_ids() if x.startswith(job)] != [], "the rest was not handed back"
+    said = (cluster.tmp / "worker-0.log").read_text()  # the worker says what went back (worker/runtime/report.py)
+    assert f"{left} request(s) went back to the queue as {job}" in said, said[-3000:]
+    assert (
+        f"worker exiting (stop requested): 1 shard(s), {N - left} request(s) done; {left} request(s) went back" in said
+    )
 
     assert cluster.wait_worker(cluster.start_worker()) == 0, cluster.logs()
     rows = assert_exactly_once(cluster, job, expected)

@@ -2,6 +2,7 @@
 
 Owns: the RQ worker (rq_worker.py: drain, heartbeat, claims), the process's context (context.py: store, engine,
 stop flags), running one shard (shard.py: pending requests in, each result committed at once), and containing
-engine failures to the request that caused them (containment.py). The RQ entry point itself is worker/entry.py
+engine failures to the request that caused them (containment.py), what the worker says at INFO (report.py), and
+Redis's reconnect noise cut to one line per outage (reconnects.py). The RQ entry point itself is worker/entry.py
 (its import path is a wire format).
 """
