@@ -24,6 +24,7 @@ import pytest
 import redis
 
 from omlx_jobs.jobs.queue import SHARD_FUNC, get_queue, queue_name
+from omlx_jobs.worker.runtime.reconnects import RECONNECT_MESSAGES
 from tests.fault_harness import Cluster, RedisServer, free_port, invoke, outputs, shards_taken, write_greedy
 
 TTL = 3  # --heartbeat-ttl: a killed worker's shard is free again within seconds
@@ -325,6 +326,10 @@ def test_worker_survives_a_redis_restart_and_reconciles(
             assert "no shard in Redis" in logs  # reconcile re-enqueued the lost shards...
             last = c.store.shards(job)[-1]  # ...cut as at submit (prefix-aware, about 60 each), so several
             assert len(c.store.shards(job)) >= 3 and f"{job}--{last.first_pos}-{last.end_pos}-c" in logs  # share
+            # The outage is said once and its end once, not once per reconnect attempt (worker/runtime/reconnects.py).
+            noisy = [x for x in logs.splitlines() if RECONNECT_MESSAGES.search(x)]
+            assert noisy and all("not logged until Redis is back" in x for x in noisy), noisy
+            assert "Redis is reachable again after" in logs
             # The same worker process still serves: a new job after the restart is done too.
             second = c.submit(write_greedy(tmp_path / "more.jsonl", 5))
             c.wait_until("the second job", lambda: c.completed(second) == 5, timeout=60)
