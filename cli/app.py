@@ -10,19 +10,21 @@ import click
 
 from omlx_jobs import __version__
 from omlx_jobs.cli import control, models, results, serve, status, submit, worker, workers
-from omlx_jobs.cli.common import silence_stdout
+from omlx_jobs.cli.common import LOG_FORMAT, levels, silence_stdout
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="omlx-jobs")
 @click.option("-v", "--verbose", count=True, help="More logging (-vv for debug).")
-def cli(verbose: int) -> None:
+@click.option("-q", "--quiet", count=True, help="Less logging (the worker's INFO lines off; -qq: errors only).")
+@click.pass_context
+def cli(ctx: click.Context, verbose: int, quiet: int) -> None:
     """Batch inference jobs for MLX: submit JSONL, drain it with workers, export OpenAI batch output.
 
     Quick start without Redis:  omlx-jobs run examples/sample.jsonl --model MODEL -o results.jsonl
     """
-    level = logging.WARNING - 10 * verbose
-    logging.basicConfig(level=max(level, logging.DEBUG), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ctx.obj = {"verbosity": verbose - quiet}  # `worker` and `run` add their own -v/-q to it
+    logging.basicConfig(level=levels(verbose - quiet)[0], format=LOG_FORMAT)
 
 
 for command in (

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from omlx_jobs import defaults
-from omlx_jobs.cli.common import connect_redis, fail, open_store
+from omlx_jobs.cli.common import connect_redis, fail, open_store, set_verbosity, verbosity_options
 from omlx_jobs.cli.options import (
     MODEL_NAME_HELP,
     Size,
@@ -127,6 +127,7 @@ def load_engine(kw: dict[str, Any], images: Any = None) -> Any:
 )
 @db_option
 @redis_option
+@verbosity_options
 def worker(
     queue: str | None,
     burst: bool,
@@ -135,9 +136,15 @@ def worker(
     heartbeat_ttl: int,
     db: str | None,
     redis_url: str | None,
+    verbose: int,
+    quiet: int,
     **kw: Any,
 ) -> None:
-    """Serve jobs for one model: load it once, drain shards with continuous batching and prefix reuse."""
+    """Serve jobs for one model: load it once, drain shards with continuous batching and prefix reuse.
+
+    Logs a line per shard started and finished and a line a minute while busy (-q: warnings only, -v: more).
+    """
+    set_verbosity(verbose, quiet)
     from omlx_jobs.jobs.queue import RedisUnavailable, queue_name
     from omlx_jobs.store import StoreError
 
@@ -192,6 +199,7 @@ def worker(
 @click.option("--resume", "resume_job", metavar="JOB", help="Continue an interrupted `run` job.")
 @image_options
 @db_option
+@verbosity_options
 def run(
     file: Path,
     output: str,
@@ -200,9 +208,12 @@ def run(
     force: bool,
     resume_job: str | None,
     db: str | None,
+    verbose: int,
+    quiet: int,
     **kw: Any,
 ) -> None:
     """Run FILE locally in this process, without Redis, on the same engine and store; write OUT."""
+    set_verbosity(verbose, quiet, talk=logging.WARNING)  # the progress bar says what the shard lines would
     from omlx_jobs.jobs.export import OutputError, check_distinct, destination, write_results
     from omlx_jobs.jobs.submit import load_job
     from omlx_jobs.store import StoreError

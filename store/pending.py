@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, and_, select, tuple_, update
+from sqlalchemy import Engine, and_, func, select, tuple_, update
 
 from omlx_jobs.store.errors import retrying
 from omlx_jobs.store.models import Request, RequestStatus
@@ -54,6 +54,18 @@ class PendingStore:
         """Requests of the shard starting at position `start` without a final result, in prefix order; with
         end=None, every pending request of the job (`omlx-jobs run`). A shard the job lacks has none."""
         return [r for page in self.pending_pages(job_id, start, end, page_rows=None) for r in page]
+
+    @retrying
+    def count_pending(self, job_id: str, start: int, end: int) -> int:
+        """How many requests of the shard starting at position `start` have no final result (what a stopped shard
+        hands back to the queue)."""
+        bounds = self.shard_bounds(job_id, start)
+        cond = [Request.job_id == job_id, Request.status == RequestStatus.PENDING]
+        if bounds is None:
+            return 0
+        with self.engine.connect() as conn:
+            stmt = select(func.count()).select_from(Request).where(*cond, in_shard(bounds))
+            return int(conn.execute(stmt).scalar_one())
 
     def pending_pages(
         self, job_id: str, start: int = 0, end: int | None = None, *, page_rows: int | None = PAGE_ROWS

@@ -24,6 +24,7 @@ import pytest
 import redis
 
 from omlx_jobs.jobs.queue import SHARD_FUNC, get_queue, queue_name
+from omlx_jobs.worker.runtime.reconnects import RECONNECT_MESSAGES
 from tests.fault_harness import Cluster, RedisServer, free_port, invoke, outputs, shards_taken, write_greedy
 
 TTL = 3  # --heartbeat-ttl: a killed worker's shard is free again within seconds
@@ -177,6 +178,11 @@ def test_sigterm_drains_hands_back_and_another_worker_finishes(
     assert 0 < left < N - 40
     shards = get_queue(redis.Redis.from_url(cluster.env["OMLX_JOBS_REDIS_URL"]), queue_name(str(cluster.model)))
     assert [x for x in shards.get_job_ids() if x.startswith(job)] != [], "the rest was not handed back"
+    said = (cluster.tmp / "worker-0.log").read_text()  # the worker says what went back (worker/runtime/report.py)
+    assert f"{left} request(s) went back to the queue as {job}" in said, said[-3000:]
+    assert (
+        f"worker exiting (stop requested): 1 shard(s), {N - left} request(s) done; {left} request(s) went back" in said
+    )
 
     assert cluster.wait_worker(cluster.start_worker()) == 0, cluster.logs()
     rows = assert_exactly_once(cluster, job, expected)
@@ -320,6 +326,10 @@ def test_worker_survives_a_redis_restart_and_reconciles(
             assert "no shard in Redis" in logs  # reconcile re-enqueued the lost shards...
             last = c.store.shards(job)[-1]  # ...cut as at submit (prefix-aware, about 60 each), so several
             assert len(c.store.shards(job)) >= 3 and f"{job}--{last.first_pos}-{last.end_pos}-c" in logs  # share
+            # The outage is said once and its end once, not once per reconnect attempt (worker/runtime/reconnects.py).
+            noisy = [x for x in logs.splitlines() if RECONNECT_MESSAGES.search(x)]
+            assert noisy and all("not logged until Redis is back" in x for x in noisy), noisy
+            assert "Redis is reachable again after" in logs
             # The same worker process still serves: a new job after the restart is done too.
             second = c.submit(write_greedy(tmp_path / "more.jsonl", 5))
             c.wait_until("the second job", lambda: c.completed(second) == 5, timeout=60)

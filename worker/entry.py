@@ -19,6 +19,7 @@ from omlx_jobs.store import StoreError, StoreUnavailable
 from omlx_jobs.store.db import JobNotFound
 from omlx_jobs.worker.runtime import reconnect, shard
 from omlx_jobs.worker.runtime.context import WorkerContext, current, install
+from omlx_jobs.worker.runtime.report import ShardTalk
 
 __all__ = ["UnknownJob", "WorkerContext", "current", "install", "run_shard"]  # the context: runtime/context.py
 
@@ -37,6 +38,7 @@ def run_shard(job_id: Any, start: Any, end: Any) -> dict[str, Any]:
     ctx.current = (job_id, start, end)
     if ctx.on_shard is not None:
         ctx.on_shard()  # `omlx-jobs workers` shows the shard now, not at the next heartbeat
+    talk = ShardTalk(ctx.engine, job_id, start, end)
     try:
         outcome = _run_waiting_out_restarts(ctx, job_id, start, end)
     except JobNotFound as exc:
@@ -54,13 +56,18 @@ def run_shard(job_id: Any, start: Any, end: Any) -> dict[str, Any]:
         raise
     finally:
         ctx.current = None
+    talk.finished(outcome)
+    ctx.shards_done += 1
+    ctx.requests_ended += outcome.completed + outcome.failed
     if not outcome.stopped:
         ctx.last_shard = (job_id, start)
     if outcome.stopped and ctx.redis is not None and ctx.queue is not None:
         back = Shard(job_id, start, end, suffix=f"-h{uuid.uuid4().hex[:8]}")
         timeout = shard_timeout_of(ctx.store.get_job(job_id))
         enqueue_shards(ctx.redis, ctx.queue, [back], at_front=True, timeout=timeout)
-        log.info("handed %s requests of %s back to the queue as %s", outcome.left_pending, job_id, back.rq_id)
+        left = ctx.store.count_pending(job_id, start, end)  # the unread rows too, not only those in flight
+        ctx.handed_back += left
+        talk.handed_back(left, back.rq_id)
     return outcome.to_dict()
 
 

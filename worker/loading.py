@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omlx_jobs.jobs.images import ImageAccess
 from omlx_jobs.worker.engine.config import EngineConfig
+from omlx_jobs.worker.engine.limits import silence_tokenizer_length_warning
 from omlx_jobs.worker.engine.loop import Engine
 from omlx_jobs.worker.models.loaded import LoadedModel, load_text
 from omlx_jobs.worker.models.paths import ModelLoadError, resolve_model_path
@@ -60,4 +61,5 @@ def load_engine(
     images: ImageAccess | None = None,
 ) -> Engine | SerialEngine:
     """Load the model a --model string names and return the engine that runs it."""
+    silence_tokenizer_length_warning()  # the engines check every prompt's length themselves (engine/limits.py)
     return engine_for(load(model, context_length=context_length, images=images), config)

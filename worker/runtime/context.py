@@ -16,6 +16,7 @@ from omlx_jobs import defaults
 from omlx_jobs.jobs.images import ImageAccess
 from omlx_jobs.store import Store
 from omlx_jobs.worker.engine.contract import Control, EngineLike
+from omlx_jobs.worker.runtime.reconnects import RedisState
 
 DEFAULT_DRAIN_TIMEOUT = defaults.DRAIN_TIMEOUT
 
@@ -43,6 +44,13 @@ class WorkerContext:
     """Called when a shard starts (the RQ worker publishes its record then)."""
     """The shard finished last (job id, first position): its prefix group is in this worker's cache."""
     requests_done: int = 0
+    shards_done: int = 0
+    requests_ended: int = 0
+    """Requests the shards run here completed or failed (a failure before the engine included)."""
+    handed_back: int = 0
+    """Requests of stopped shards handed back to the queue (a drain, a stop): said when the worker exits."""
+    redis_state: RedisState = field(default_factory=RedisState, repr=False)
+    """Whether Redis is down: reconnect noise is logged once per outage (runtime/reconnects.py)."""
     _drain_deadline: float | None = field(default=None, repr=False)
     _stop: bool = field(default=False, repr=False)
 

@@ -31,7 +31,9 @@ from omlx_jobs.jobs.live import RateMeter, counters_of
 from omlx_jobs.jobs.model_names import display_name
 from omlx_jobs.jobs.queue import SHARD_FUNC, get_queue, worker_queues
 from omlx_jobs.store import StoreError, StoreUnavailable
+from omlx_jobs.worker.runtime import report
 from omlx_jobs.worker.runtime.context import WorkerContext
+from omlx_jobs.worker.runtime.reconnects import quiet_reconnects, reached
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +63,11 @@ class OmlxWorker(SimpleWorker):
         context.on_shard = self.publish
         self._born = time.time()
         self.rates = RateMeter()
+        self.busy = report.BusyTalk()
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> Any:
         result = super().heartbeat(timeout, pipeline)
+        reached(self.context.redis_state)
         self.publish()
         return result
 
@@ -183,6 +187,7 @@ class OmlxWorker(SimpleWorker):
         finally:
             stop.set()
             beat.join(timeout=5)
+            self.busy.idle()
         if self.context.fatal:
             self._stop_requested = True  # the store failed: take no more work rather than lose results
         self.set_state(WorkerStatus.IDLE)
@@ -197,8 +202,13 @@ class OmlxWorker(SimpleWorker):
 
     def _beat(self, job: Job, queue: Queue, execution: Any, stop: threading.Event) -> None:
         while not stop.wait(min(self.heartbeat_interval, defaults.LIVE_TICK_SECONDS)):  # live figures every few seconds
+            ctx = self.context
+            with contextlib.suppress(Exception):  # the minute line is advisory; it never stops the beat
+                busy_on = ctx.current[0] if ctx.current else None
+                self.busy.maybe(busy_on, self.rates.sample(counters_of(ctx.engine)), ctx.engine.cache.stats)
             try:
                 self.maintain_heartbeats(job, execution)
+                reached(ctx.redis_state)
                 if not stop.is_set():
                     # After a Redis restart the registry is empty: claim the running shard again, so that
                     # reconcile does not hand its range to another worker while it runs here.
@@ -234,6 +244,21 @@ def serve(
     RQ's work loop quits on a Redis error; the model stays loaded here, so this waits for Redis with
     backoff and starts a new work loop. Jobs whose shards Redis lost are re-enqueued by maintenance.
     """
+    with quiet_reconnects(context.redis_state):
+        code = _serve(context, queue_name, burst, heartbeat_ttl, name, max_wait)
+    if code == 3:
+        reason = "the store failed"
+    elif context.stopping or not burst:
+        reason = "stop requested"
+    else:
+        reason = "--burst, and no work is left on its queues"
+    report.log.info(report.stop_line(reason, context.handed_back, context.shards_done, context.requests_ended))
+    return code
+
+
+def _serve(
+    context: WorkerContext, queue_name: str, burst: bool, heartbeat_ttl: int, name: str | None, max_wait: float
+) -> int:
     redis = context.redis
     assert redis is not None
     delay = 1.0
@@ -275,6 +300,7 @@ def _between_loops(
     pause = 1.0  # a shard still runs elsewhere (burst), or the loop quit on an error: not a busy loop
     try:
         redis.ping()
+        reached(context.redis_state)
         if burst and all(
             _nothing_left(context, redis, q, grace=heartbeat_ttl / 2)
             for q in worker_queues(queue_name, context.engine.loaded.ref)
