@@ -54,13 +54,10 @@ from omlx_jobs.jobs.images import ImageAccess
 from omlx_jobs.jobs.parts import image_urls
 from omlx_jobs.worker.cache.positioned import PositionedKVCache
 from omlx_jobs.worker.prompts import ImageError, PromptError
+from omlx_jobs.worker.vision.families import Family, family_of
 from omlx_jobs.worker.vision.feature_cache import FeatureCache
 from omlx_jobs.worker.vision.images import DEFAULT_LIMITS, DecodedImage, ImageLimits, load_image
 from omlx_jobs.worker.vision.prompt import ImageSpan, VisionPrompt, expand_image_tokens
-
-# model_type -> the mlx-lm text model that decodes it with token ids (mlx-lm strips the vision tower).
-BATCHED = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl"}
-MROPE = frozenset({"qwen2_vl", "qwen2_5_vl"})
 
 
 def vision_model_type(config: dict[str, Any]) -> str | None:
@@ -77,7 +74,7 @@ def vision_model_type(config: dict[str, Any]) -> str | None:
 
 def is_batched(model_type: str) -> bool:
     """Whether image requests of this family decode in mlx-lm's BatchGenerator (else: one at a time)."""
-    return model_type in BATCHED
+    return family_of(model_type) is not None
 
 
 @dataclass
@@ -85,11 +82,11 @@ class ImageFeatures:
     """The vision encoder's output for one image: features in the text model's space, and the patch grid."""
 
     features: Any  # mx.array (image tokens, hidden)
-    grid: Any  # mx.array (1, 3): temporal, height, width patches
+    grid: Any = None  # Qwen2-VL's mx.array (1, 3): temporal, height, width patches; None for other families
 
     @property
     def nbytes(self) -> int:
-        return int(self.features.nbytes) + int(self.grid.nbytes)
+        return int(self.features.nbytes) + (int(self.grid.nbytes) if self.grid is not None else 0)
 
     @property
     def tokens(self) -> int:
@@ -106,10 +103,11 @@ class VisionModel:
         self.config = config
         self.model_type = str(config["model_type"]).lower()
         self.tokenizer = getattr(processor, "tokenizer", processor)
-        token = getattr(model.config, "image_token_id", None) or config.get("image_token_id")
-        self.image_token_id = int(token) if token is not None else -1  # -1: placed by the processor (serial)
+        family = family_of(self.model_type)
+        self.family: Family = family if family is not None and family.batches(self) else Family()
+        self.image_token_id = self.family.image_token_id(self)  # -1: placed by the processor (serial)
         self.features: FeatureCache[ImageFeatures] = FeatureCache()
-        self.batched = is_batched(self.model_type)
+        self.batched = family is not None and self.family is family
         """Whether the engine decodes it in BatchGenerator; False runs it on serial.py (tests force it)."""
         self._decode_model: Any = None
 
@@ -136,20 +134,13 @@ class VisionModel:
 
     @property
     def mrope(self) -> bool:
-        return self.model_type in MROPE
+        return self.family.mrope
 
     # ---- images ------------------------------------------------------------------------------------
 
     def image_tokens(self, image: DecodedImage) -> int:
         """How many prompt tokens this image becomes, from its size alone (no pixels processed)."""
-        proc = self.processor.image_processor
-        return int(proc.num_image_tokens(image.height, image.width))
-
-    def image_grid(self, image: DecodedImage) -> Any:
-        """(1, 3) patch grid (temporal, height, width) the processor gives this image, from its size alone."""
-        proc = self.processor.image_processor
-        height, width = proc._resolved_size(image.height, image.width)  # the sizing num_image_tokens uses
-        return mx.array([[1, height // proc.patch_size, width // proc.patch_size]])
+        return self.family.image_tokens(self, image)
 
     def image_features(self, image: DecodedImage) -> ImageFeatures:
         """The image's features, from the feature cache or by running the vision encoder once."""
@@ -157,11 +148,7 @@ class VisionModel:
 
     def encode(self, image: DecodedImage) -> ImageFeatures:
         """Preprocess and run the vision tower on one image (no cache)."""
-        out = self.processor.image_processor(images=[image.pixels])
-        pixels = mx.array(out["pixel_values"])
-        grid = mx.array(out["image_grid_thw"]).reshape(1, 3)
-        dtype = self.model.vision_tower.patch_embed.proj.weight.dtype
-        features = self.model.vision_tower(pixels.astype(dtype), grid, output_hidden_states=False)
+        features, grid = self.family.encode(self, image)
         mx.eval(features)
         return ImageFeatures(features, grid)
 
@@ -172,7 +159,7 @@ class VisionModel:
 
         `images` are the decoded image parts in prompt order (jobs/parts.image_urls).
         """
-        ids = list(self.tokenizer(template_text(self, messages))["input_ids"])
+        ids = list(self.tokenizer(self.family.expand_text(self, template_text(self, messages)))["input_ids"])
         counts = [self.image_tokens(im) for im in images]
         try:
             tokens, starts = expand_image_tokens(ids, self.image_token_id, counts)
@@ -198,17 +185,20 @@ class VisionModel:
         It is what BatchGenerator runs: token ids in, logits out, 1-D RoPE at each row's cache offset.
         """
         if self._decode_model is None:
-            if self.model_type not in BATCHED:
+            if not self.batched:
                 raise ValueError(f"{self.model_type} is not decoded in mlx-lm's BatchGenerator; run it unbatched")
-            self._decode_model = _twin(self.model.language_model, self.config, BATCHED[self.model_type])
+            family = self.family
+            self._decode_model = _twin(self.model.language_model, family.text_config(self.config), family)
         return self._decode_model
 
 
 def template_text(vm: VisionModel, messages: Sequence[dict[str, Any]]) -> str:
-    """The processor's chat template over the messages, one image placeholder per image part."""
+    """The chat template over the messages, one image placeholder per image part: the processor's, or the
+    tokenizer's where the processor keeps none (mlx-vlm's Gemma 3, Mistral 3 and LLaVA processors)."""
     template_messages, cont = _template_messages(messages)
+    owner = vm.processor if getattr(vm.processor, "chat_template", None) else vm.tokenizer
     try:
-        return vm.processor.apply_chat_template(
+        return owner.apply_chat_template(
             template_messages, add_generation_prompt=not cont, continue_final_message=cont, tokenize=False
         )
     except Exception as exc:  # jinja raises for roles or orders a template does not support
@@ -228,8 +218,9 @@ def _template_messages(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[st
     return out, messages[-1]["role"] == "assistant"
 
 
-def _twin(language_model: Any, config: dict[str, Any], mlx_lm_type: str) -> Any:
-    """Build mlx-lm's model for `mlx_lm_type` and point its parameters at `language_model`'s arrays."""
+def _twin(language_model: Any, config: dict[str, Any], family: Family) -> Any:
+    """Build mlx-lm's model for the family and point its parameters at `language_model`'s arrays."""
+    mlx_lm_type = family.mlx_lm_type
     arch = importlib.import_module(f"mlx_lm.models.{mlx_lm_type}")
     model = arch.Model(arch.ModelArgs.from_dict(config))
     source = dict(tree_flatten(language_model.parameters()))
@@ -248,6 +239,7 @@ def _twin(language_model: Any, config: dict[str, Any], mlx_lm_type: str) -> Any:
     if missing:
         raise ValueError(f"mlx-lm's {mlx_lm_type} model has parameters the vision model lacks: {sorted(missing)[:3]}")
     model.update(tree_unflatten([(k, v) for k, v in shared if k in wanted]))
-    layers = len(model.layers)
-    model.make_cache = lambda: [PositionedKVCache() for _ in range(layers)]
+    if not family.sliding:  # full attention: every layer carries the row's RoPE delta
+        layers = len(model.layers)
+        model.make_cache = lambda: [PositionedKVCache() for _ in range(layers)]
     return model

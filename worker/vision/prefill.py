@@ -52,11 +52,10 @@ def prefill(
     n = len(prompt) if end is None else end
     if not 0 <= start < n <= len(prompt):
         raise ValueError(f"need 0 <= start < end <= {len(prompt)}, got {start}, {n}")
-    lm = vm.model.language_model
     if caches is None:
         if start:
             raise ValueError("start > 0 needs the caches that hold those tokens")
-        caches = [KVCache() for _ in lm.model.layers]
+        caches = fresh_caches(vm)
     elif caches[0].offset != start:
         raise ValueError(f"the caches hold {caches[0].offset} tokens, not start={start}")
     images = prompt.extra.get("images", ())
@@ -72,11 +71,10 @@ def prefill(
     for a in range(start, n, step):
         b = min(a + step, n)
         pos = positions[..., a:b] if positions is not None else None
-        hidden = lm.model(ids[:, a:b], inputs_embeds=embeds[:, a - start : b - start], cache=caches, position_ids=pos)
+        hidden = vm.family.forward(vm, ids[:, a:b], embeds[:, a - start : b - start], caches, pos)
         rows = [j for j in sorted(want) if a <= j + start < b]
         if rows:
-            h = mx.stack([hidden[0, j + start - a] for j in rows])
-            out = lm.model.embed_tokens.as_linear(h) if lm.args.tie_word_embeddings else lm.lm_head(h)
+            out = vm.family.project(vm, mx.stack([hidden[0, j + start - a] for j in rows]))
             picked.update({j: out[k : k + 1] for k, j in enumerate(rows)})
         mx.eval([c.state for c in caches], list(picked.values()))
     logits = picked[n - 1 - start][0]
@@ -114,11 +112,10 @@ def prefill_rows(
     for a in range(0, width, step):
         b = min(a + step, width)
         pos = pos_all[..., a:b] if pos_all is not None else None
-        hidden = lm.model(ids[:, a:b], inputs_embeds=emb[:, a:b], cache=batch, position_ids=pos)
+        hidden = vm.family.forward(vm, ids[:, a:b], emb[:, a:b], batch, pos)
         picks = [(i, j) for i, w in enumerate(wants) for j in sorted(w) if a <= j < b]
         if picks:
-            h = mx.stack([hidden[i, j - a] for i, j in picks])
-            out = lm.model.embed_tokens.as_linear(h) if lm.args.tie_word_embeddings else lm.lm_head(h)
+            out = vm.family.project(vm, mx.stack([hidden[i, j - a] for i, j in picks]))
             for k, (i, j) in enumerate(picks):
                 picked[i][j] = out[k : k + 1]
         mx.eval([c.state for c in batch], [v for d in picked for v in d.values()])
@@ -185,7 +182,6 @@ def input_embeddings(
     vm: VisionModel, prompt: VisionPrompt, features: list[ImageFeatures | None], start: int = 0, end: int | None = None
 ) -> mx.array:
     """(1, end - start, hidden): token embeddings, with each image's features at its image positions."""
-    embed = vm.model.language_model.model.embed_tokens
     dtype = vm.model.language_model.model.norm.weight.dtype  # not embed's: a quantized table's weight is packed
     end = len(prompt) if end is None else end
     pieces = []
@@ -196,14 +192,14 @@ def input_embeddings(
         if span.start >= end:
             break
         if span.start > pos:
-            pieces.append(embed(mx.array(prompt.tokens[pos : span.start])))
+            pieces.append(vm.family.embed(vm, mx.array(prompt.tokens[pos : span.start])))
         if feat is None or feat.tokens != span.length:
             raise ValueError(f"image at {span.start} has {span.length} tokens but no features of that size")
         lo, hi = max(pos, span.start), min(span.end, end)
         pieces.append(feat.features[lo - span.start : hi - span.start].astype(dtype))
         pos = hi
     if pos < end:
-        pieces.append(embed(mx.array(prompt.tokens[pos:end])))
+        pieces.append(vm.family.embed(vm, mx.array(prompt.tokens[pos:end])))
     return mx.concatenate(pieces, axis=0)[None]
 
 
@@ -211,11 +207,11 @@ def rope_positions(
     vm: VisionModel, prompt: VisionPrompt, features: list[ImageFeatures | None]
 ) -> tuple[mx.array | None, int]:
     """The family's position ids for the whole prompt and the RoPE delta after it (None, 0 for 1-D RoPE)."""
-    if not vm.mrope or not prompt.spans:
-        return None, 0  # text positions: the model counts them from the cache offset
-    images = prompt.extra.get("images", ())
-    grids = [f.grid if f is not None else vm.image_grid(im) for f, im in zip(features, images, strict=True)]
-    ids = mx.array([prompt.tokens])
-    grid = mx.concatenate(grids, axis=0) if grids else None
-    positions, deltas = vm.model.language_model.get_rope_index(ids, grid)
-    return positions, int(mx.array(deltas).reshape(-1)[0].item())
+    return vm.family.positions(vm, prompt, features)
+
+
+def fresh_caches(vm: VisionModel) -> list[Any]:
+    """Empty layer caches: mlx-lm's own for sliding-window families (rotating layers), else KVCache layers."""
+    if vm.family.sliding:
+        return vm.decode_model().make_cache()
+    return [KVCache() for _ in vm.model.language_model.model.layers]
