@@ -34,6 +34,11 @@ class VisionBackend(ModelBackend):
     def __init__(self, vm: VisionModel, model: Any, **kw: Any) -> None:
         super().__init__(model, **kw)
         self.vm = vm
+        if vm.family.sliding:
+            # mlx-lm's RotatingKVCache says it can trim while it holds fewer tokens than its window, but a cached
+            # prefix longer than the window cannot be cut back: entries are reused whole (the prefix cache and
+            # the warm-up planner then only reuse whole cached prefixes, never trimmed ones).
+            self.trimmable = False
         self._ready: dict[int, tuple[Match, int]] = {}
         """Image prefixes computed for a window's admissions, by admission position (and tokens computed)."""
 

@@ -188,7 +188,7 @@ class VisionModel:
             if not self.batched:
                 raise ValueError(f"{self.model_type} is not decoded in mlx-lm's BatchGenerator; run it unbatched")
             family = self.family
-            self._decode_model = _twin(self.model.language_model, family.text_config(self.config), family)
+            self._decode_model = _twin(self.model.language_model, family.text_config(self), family)
         return self._decode_model
 
 
@@ -224,6 +224,8 @@ def _twin(language_model: Any, config: dict[str, Any], family: Family) -> Any:
     arch = importlib.import_module(f"mlx_lm.models.{mlx_lm_type}")
     model = arch.Model(arch.ModelArgs.from_dict(config))
     source = dict(tree_flatten(language_model.parameters()))
+    # mlx-lm's qwen2_vl wraps its text model in `language_model`; llama and gemma3_text do not
+    prefix = "language_model." if hasattr(model, "language_model") else ""
     quantized = {k.rsplit(".", 1)[0] for k in source if k.endswith(".scales")}
     if quantized:  # quantize the same layers the same way before sharing the arrays
         q = config.get("quantization") or config.get("quantization_config") or {}
@@ -231,10 +233,10 @@ def _twin(language_model: Any, config: dict[str, Any], family: Family) -> Any:
             model,
             group_size=q.get("group_size", 64),
             bits=q.get("bits", 4),
-            class_predicate=lambda p, m: p.removeprefix("language_model.") in quantized,
+            class_predicate=lambda p, m: p.removeprefix(prefix) in quantized,
         )
     wanted = {k for k, _ in tree_flatten(model.parameters())}
-    shared = [(f"language_model.{k}", v) for k, v in source.items()]
+    shared = [(f"{prefix}{k}", v) for k, v in source.items()]
     missing = wanted - {k for k, _ in shared}
     if missing:
         raise ValueError(f"mlx-lm's {mlx_lm_type} model has parameters the vision model lacks: {sorted(missing)[:3]}")

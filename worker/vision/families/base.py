@@ -36,10 +36,14 @@ class Family:
         """Whether this checkpoint batches (a family may leave some of its configurations serial)."""
         return True
 
-    def text_config(self, config: dict[str, Any]) -> dict[str, Any]:
-        """The config mlx-lm's text model is built from: the text config, with the top level's missing keys."""
+    def text_config(self, vm: Any) -> dict[str, Any]:
+        """The config mlx-lm's text model is built from: the text config, with the top level's missing keys, and
+        whether the head is tied as mlx-vlm built it (mlx-lm's defaults differ: llama ties unless told)."""
+        config = vm.config
         text = dict(config.get("text_config") or {})
-        return {**{k: v for k, v in config.items() if k not in ("text_config", "vision_config")}, **text}
+        top = {k: v for k, v in config.items() if k not in ("text_config", "vision_config")}
+        tied = getattr(vm.model.language_model, "lm_head", None) is None
+        return {**top, **text, "tie_word_embeddings": tied}
 
     def image_token_id(self, vm: Any) -> int:
         cfg = vm.model.config

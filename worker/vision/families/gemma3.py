@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from omlx_jobs.worker.vision.families.base import Family
 
@@ -30,9 +31,10 @@ class Gemma3(Family):
     def batches(self, vm: Any) -> bool:
         return not getattr(vm.processor.image_processor, "do_pan_and_scan", False)
 
-    def text_config(self, config: dict[str, Any]) -> dict[str, Any]:
-        text = super().text_config(config)
-        return {**text, "model_type": "gemma3_text"}
+    def text_config(self, vm: Any) -> dict[str, Any]:
+        text = super().text_config(vm)
+        theta = text.get("rope_global_base_freq", text.get("rope_theta", 1_000_000.0))  # mlx-vlm's name for it
+        return {**text, "model_type": "gemma3_text", "rope_theta": theta}
 
     def expand_text(self, vm: Any, text: str) -> str:
         tok = vm.processor.tokenizer
@@ -44,7 +46,7 @@ class Gemma3(Family):
     def encode(self, vm: Any, image: Any) -> tuple[mx.array, Any]:
         model = vm.model
         out = vm.processor.image_processor([image.pixels], do_pan_and_scan=False)
-        pixels = mx.array(out["pixel_values"])
+        pixels = mx.array(np.asarray(out["pixel_values"]))
         dtype = model.language_model.model.norm.weight.dtype
         hidden, _, _ = model.vision_tower(pixels.transpose(0, 2, 3, 1).astype(dtype), output_hidden_states=True)
         features = model.multi_modal_projector(hidden)[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from omlx_jobs.worker.vision.families.base import Family
 
@@ -21,12 +22,12 @@ class Llava(Family):
         proc = vm.processor
         crop = proc.image_processor.crop_size
         patch = proc.patch_size or vm.model.config.vision_config.patch_size
-        n = (crop["height"] // patch) * (crop["width"] // patch) + (proc.num_additional_image_tokens or 0)
+        n = (crop.height // patch) * (crop.width // patch) + (proc.num_additional_image_tokens or 0)
         return n - 1 if proc.vision_feature_select_strategy == "default" else n
 
     def encode(self, vm: Any, image: Any) -> tuple[mx.array, Any]:
         model = vm.model
-        pixels = mx.array(vm.processor.image_processor([image.pixels])["pixel_values"])
+        pixels = mx.array(np.asarray(vm.processor.image_processor([image.pixels])["pixel_values"]))
         dtype = model.vision_tower.vision_model.embeddings.patch_embedding.weight.dtype
         *_, hidden = model.vision_tower(pixels.transpose(0, 2, 3, 1).astype(dtype), output_hidden_states=True)
         layers = model.vision_feature_layer

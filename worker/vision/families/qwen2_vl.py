@@ -18,8 +18,8 @@ class Qwen2VL(Family):
     mlx_lm_type = "qwen2_vl"
     mrope = True
 
-    def text_config(self, config: dict[str, Any]) -> dict[str, Any]:
-        return config
+    def text_config(self, vm: Any) -> dict[str, Any]:
+        return vm.config
 
     def image_tokens(self, vm: Any, image: Any) -> int:
         return int(vm.processor.image_processor.num_image_tokens(image.height, image.width))
