@@ -82,11 +82,25 @@ def build_llava(path: Path | str, *, seed: int = 0) -> Path:
 def build_gemma3(path: Path | str, *, seed: int = 0, sliding_window: int = 16) -> Path:
     """A tiny Gemma 3: layer 0 slides over `sliding_window` tokens, layer 1 attends globally; 4 tokens per image
     (4 x 4 SigLIP patches average-pooled 2 x 2)."""
+    path, config, image, processor = gemma3_files(path, sliding_window=sliding_window)
+    return _finish(path, config, image, processor, seed)
+
+
+def gemma3_files(
+    path: Path | str, *, sliding_window: int = 16, shape: dict[str, Any] | None = None
+) -> tuple[Path, dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Tokenizer files of a Gemma 3 checkpoint, and its config and processor configs (written by _finish).
+    `shape` ("text", "vision", "image_size", "model_vocab"; bench/engine/vision.py's GEMMA3_SHAPES) overrides the
+    tiny sizes."""
     path = Path(path)
+    shape = shape or {}
+    size = shape.get("image_size", IMAGE_SIZE)
     specials = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"]
     specials += ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
     extra = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
-    ids = _tokenizer(path, specials, "<end_of_turn>", GEMMA3_TEMPLATE, extra, pad="<pad>")
+    ids = _tokenizer(
+        path, specials, "<end_of_turn>", GEMMA3_TEMPLATE, extra, pad="<pad>", model_vocab=shape.get("model_vocab")
+    )
     text = {
         **TEXT,
         "model_type": "gemma3_text",
@@ -113,20 +127,23 @@ def build_gemma3(path: Path | str, *, seed: int = 0, sliding_window: int = 16) -
         "text_config": text,
         "vision_config": {
             **VISION,
+            **shape.get("vision", {}),
             "model_type": "siglip_vision_model",
-            "image_size": IMAGE_SIZE,
+            "image_size": size,
             "patch_size": PATCH,
             "layer_norm_eps": 1e-6,
         },
     }
+    text.update(shape.get("text", {}))
     image = {
         "image_processor_type": "Gemma3ImageProcessor",
-        "size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        "size": {"height": size, "width": size},
         **_pixels([0.5] * 3, [0.5] * 3, resample=2),
         "do_pan_and_scan": False,
     }
-    processor = {"processor_class": "Gemma3Processor", "image_seq_length": 4}
-    return _finish(path, config, image, processor, seed)
+    processor = {"processor_class": "Gemma3Processor", "image_seq_length": text["mm_tokens_per_image"]}
+    _write_configs(path, config, image, processor)
+    return path, config, image, processor
 
 
 BUILDERS = {"llava": build_llava, "gemma3": build_gemma3}
@@ -149,13 +166,17 @@ def _finish(path: Path, config: dict[str, Any], image: dict[str, Any], processor
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    (path / "config.json").write_text(json.dumps(config, indent=1))
-    (path / "preprocessor_config.json").write_text(json.dumps(image, indent=1))
-    (path / "processor_config.json").write_text(json.dumps(processor, indent=1))
+    _write_configs(path, config, image, processor)
     model = random_model(config, seed=seed)
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
     return path
+
+
+def _write_configs(path: Path, config: dict[str, Any], image: dict[str, Any], processor: dict[str, Any]) -> None:
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    (path / "preprocessor_config.json").write_text(json.dumps(image, indent=1))
+    (path / "processor_config.json").write_text(json.dumps(processor, indent=1))
 
 
 def random_model(config: dict[str, Any], *, seed: int = 0, dtype: str | None = None) -> Any:
@@ -220,11 +241,19 @@ def _tokenizer(
     *,
     pad: str | None = None,
     vocab_size: int = 384,
+    model_vocab: int | None = None,
 ) -> dict[str, int]:
+    """A trained BPE tokenizer; `model_vocab` pads its vocabulary with unreachable tokens up to a real model's
+    size, so that the model may emit any id and every id still decodes."""
     from tests.tiny_model import train_tokenizer
 
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer(path, vocab_size, specials, _CORPUS)
+    real = tokenizer.get_vocab_size()
+    if model_vocab and model_vocab > real:
+        data = json.loads((path / "tokenizer.json").read_text())
+        data["model"]["vocab"].update({f"pad{i}": i for i in range(real, model_vocab)})
+        (path / "tokenizer.json").write_text(json.dumps(data))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": None,
@@ -239,5 +268,5 @@ def _tokenizer(
     (path / "tokenizer_config.json").write_text(json.dumps(config))
     (path / "special_tokens_map.json").write_text(json.dumps({"eos_token": eos, "pad_token": pad or eos}))
     ids = {t: tokenizer.token_to_id(t) for t in specials}
-    ids["vocab"] = tokenizer.get_vocab_size()
+    ids["vocab"] = max(real, model_vocab or 0)
     return ids
