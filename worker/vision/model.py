@@ -41,7 +41,6 @@ import importlib.util
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +54,7 @@ from omlx_jobs.jobs.parts import image_urls
 from omlx_jobs.worker.cache.positioned import PositionedKVCache
 from omlx_jobs.worker.prompts import ImageError, PromptError
 from omlx_jobs.worker.vision.families import Family, family_of
+from omlx_jobs.worker.vision.families.base import ImageFeatures
 from omlx_jobs.worker.vision.feature_cache import FeatureCache
 from omlx_jobs.worker.vision.images import DEFAULT_LIMITS, DecodedImage, ImageLimits, load_image
 from omlx_jobs.worker.vision.prompt import ImageSpan, VisionPrompt, expand_image_tokens
@@ -75,22 +75,6 @@ def vision_model_type(config: dict[str, Any]) -> str | None:
 def is_batched(model_type: str) -> bool:
     """Whether image requests of this family decode in mlx-lm's BatchGenerator (else: one at a time)."""
     return family_of(model_type) is not None
-
-
-@dataclass
-class ImageFeatures:
-    """The vision encoder's output for one image: features in the text model's space, and the patch grid."""
-
-    features: Any  # mx.array (image tokens, hidden)
-    grid: Any = None  # Qwen2-VL's mx.array (1, 3): temporal, height, width patches; None for other families
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.features.nbytes) + (int(self.grid.nbytes) if self.grid is not None else 0)
-
-    @property
-    def tokens(self) -> int:
-        return int(self.features.shape[0])
 
 
 class VisionModel:
@@ -148,9 +132,9 @@ class VisionModel:
 
     def encode(self, image: DecodedImage) -> ImageFeatures:
         """Preprocess and run the vision tower on one image (no cache)."""
-        features, grid = self.family.encode(self, image)
-        mx.eval(features)
-        return ImageFeatures(features, grid)
+        out = self.family.encode(self, image)
+        mx.eval([a for a in (out.features, out.deep) if a is not None])
+        return out
 
     # ---- prompts -----------------------------------------------------------------------------------
 

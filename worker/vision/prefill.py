@@ -66,12 +66,14 @@ def prefill(
     ids = mx.array([prompt.tokens])
     positions, delta = rope_positions(vm, prompt, features)
     embeds = input_embeddings(vm, prompt, features, start, n)
+    deep = [deep_inputs(prompt, features, start, n)]
     picked: dict[int, mx.array] = {}
     want = set(want) | {n - 1 - start}
     for a in range(start, n, step):
         b = min(a + step, n)
         pos = positions[..., a:b] if positions is not None else None
-        hidden = vm.family.forward(vm, ids[:, a:b], embeds[:, a - start : b - start], caches, pos)
+        chunk = deep_chunk(deep, a - start, b - start)
+        hidden = vm.family.forward(vm, ids[:, a:b], embeds[:, a - start : b - start], caches, pos, chunk)
         rows = [j for j in sorted(want) if a <= j + start < b]
         if rows:
             out = vm.family.project(vm, mx.stack([hidden[0, j + start - a] for j in rows]))
@@ -101,8 +103,9 @@ def prefill_rows(
     lm = vm.model.language_model
     width = max(ends) - start
     inputs = [_row_inputs(vm, prompt, start, end, width) for prompt, end in zip(prompts, ends, strict=True)]
-    embeds = [e for e, _, _, _ in inputs]
-    positions = [p for _, p, _, _ in inputs if p is not None]
+    embeds = [e for e, _, _, _, _ in inputs]
+    deep = [d for _, _, _, _, d in inputs]
+    positions = [p for _, p, _, _, _ in inputs if p is not None]
     pos_all = mx.concatenate(positions, axis=1) if len(positions) == len(prompts) else None
     emb = mx.concatenate(embeds, axis=0)
     batch = _stack_caches(bases, len(lm.model.layers), start)
@@ -112,7 +115,7 @@ def prefill_rows(
     for a in range(0, width, step):
         b = min(a + step, width)
         pos = pos_all[..., a:b] if pos_all is not None else None
-        hidden = vm.family.forward(vm, ids[:, a:b], emb[:, a:b], batch, pos)
+        hidden = vm.family.forward(vm, ids[:, a:b], emb[:, a:b], batch, pos, deep_chunk(deep, a, b))
         picks = [(i, j) for i, w in enumerate(wants) for j in sorted(w) if a <= j < b]
         if picks:
             out = vm.family.project(vm, mx.stack([hidden[i, j - a] for i, j in picks]))
@@ -126,7 +129,7 @@ def prefill_rows(
             k = KVCache()
             k.keys, k.values, k.offset = c.keys[i : i + 1, :, :end], c.values[i : i + 1, :, :end], end
             caches.append(k)
-        _, _, full, delta = inputs[i]
+        _, _, full, delta, _ = inputs[i]
         breaks = rope_breaks(prompt, full, end)
         last = picked[i][end - 1 - start][0]
         out_rows.append(Prefilled(positioned(caches, breaks), last, delta, end - start, picked[i]))
@@ -135,9 +138,10 @@ def prefill_rows(
 
 def _row_inputs(
     vm: VisionModel, prompt: VisionPrompt, start: int, end: int, width: int
-) -> tuple[mx.array, mx.array | None, mx.array | None, int]:
+) -> tuple[mx.array, mx.array | None, mx.array | None, int, Any]:
     """One batched row's embeddings for [start, end), right-padded to `width`; its positions there (padding
-    positions run on from the row's last one); its positions over the whole prompt; its RoPE delta."""
+    positions run on from the row's last one); its positions over the whole prompt; its RoPE delta; its
+    deepstack inputs (deep_inputs)."""
     images = prompt.extra.get("images", ())
     feats = [
         vm.image_features(im) if s.end > start and s.start < end else None
@@ -151,7 +155,7 @@ def _row_inputs(
         cut = pos[..., start:end]
         if start + width > end:
             cut = mx.concatenate([cut, cut[..., -1:] + mx.arange(1, start + width - end + 1)], axis=-1)
-    return e, cut, pos, delta
+    return e, cut, pos, delta, deep_inputs(prompt, feats, start, end)
 
 
 def _stack_caches(bases: list[list[Any] | None], layers: int, start: int) -> list[KVCache]:
@@ -201,6 +205,34 @@ def input_embeddings(
     if pos < end:
         pieces.append(vm.family.embed(vm, mx.array(prompt.tokens[pos:end])))
     return mx.concatenate(pieces, axis=0)[None]
+
+
+def deep_inputs(
+    prompt: VisionPrompt, features: list[ImageFeatures | None], start: int, end: int
+) -> tuple[list[bool], mx.array] | None:
+    """Qwen3-VL's deepstack inputs over [start, end): which positions are image positions, and the features
+    added to the early layers' hidden states there, (layers, image positions, hidden). None without any."""
+    mask, pieces = [False] * (end - start), []
+    for span, feat in zip(prompt.spans, features, strict=True):
+        lo, hi = max(span.start, start), min(span.end, end)
+        if lo >= hi or feat is None or feat.deep is None:
+            continue
+        mask[lo - start : hi - start] = [True] * (hi - lo)
+        pieces.append(feat.deep[:, lo - span.start : hi - span.start])
+    return (mask, mx.concatenate(pieces, axis=1)) if pieces else None
+
+
+def deep_chunk(rows: list[tuple[list[bool], mx.array] | None], a: int, b: int) -> tuple[mx.array, mx.array] | None:
+    """Columns [a, b) of a batch's deepstack inputs: the (rows, b - a) mask, and the features of its image
+    positions in batch-major order, as mlx-vlm's language model takes them. None when the chunk holds none."""
+    masks, parts = [], []
+    for row in rows:
+        mask = (row[0] if row is not None else [])[a:b]
+        masks.append(mask + [False] * (b - a - len(mask)))
+        if row is not None and any(mask):
+            before = sum(row[0][:a])
+            parts.append(row[1][:, before : before + sum(mask)])
+    return (mx.array(masks), mx.concatenate(parts, axis=1)) if parts else None
 
 
 def rope_positions(

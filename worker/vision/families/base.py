@@ -15,9 +15,28 @@ The defaults are LLaVA's: one embedding table, 1-D RoPE counted from the cache o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+
+
+@dataclass
+class ImageFeatures:
+    """The vision encoder's output for one image: features in the text model's input space, and what the
+    family needs beside them."""
+
+    features: Any  # mx.array (image tokens, hidden)
+    grid: Any = None  # Qwen2-VL / Qwen3-VL: mx.array (1, 3) temporal, height, width patches
+    deep: Any = None  # Qwen3-VL: mx.array (deepstack layers, image tokens, hidden), added to early layers
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in (self.features, self.grid, self.deep) if a is not None)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.features.shape[0])
 
 
 class Family:
@@ -59,9 +78,8 @@ class Family:
         """How many prompt tokens one image becomes, from its size alone."""
         raise NotImplementedError
 
-    def encode(self, vm: Any, image: Any) -> tuple[mx.array, Any]:
-        """The vision tower's features for one image, (tokens, hidden) in the input embeddings' space, and the
-        family's extra (Qwen2-VL's patch grid; None elsewhere)."""
+    def encode(self, vm: Any, image: Any) -> ImageFeatures:
+        """The vision tower's features for one image, (tokens, hidden) in the input embeddings' space."""
         raise NotImplementedError
 
     def embed(self, vm: Any, ids: mx.array) -> mx.array:
@@ -72,8 +90,11 @@ class Family:
         """Position ids for the whole prompt and the RoPE delta after it (None, 0: counted from the cache)."""
         return None, 0
 
-    def forward(self, vm: Any, ids: mx.array, embeds: mx.array, caches: list[Any], positions: Any) -> mx.array:
-        """The language model's hidden states (before the vocabulary projection) from input embeddings."""
+    def forward(
+        self, vm: Any, ids: mx.array, embeds: mx.array, caches: list[Any], positions: Any, deep: Any = None
+    ) -> mx.array:
+        """The language model's hidden states (before the vocabulary projection) from input embeddings.
+        `deep`: Qwen3-VL's (image-position mask, deepstack features) of this chunk, None elsewhere."""
         return vm.model.language_model.model(ids, inputs_embeds=embeds, cache=caches)
 
     def project(self, vm: Any, h: mx.array) -> mx.array:

@@ -21,7 +21,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from omlx_jobs.worker.vision.families.base import Family
+from omlx_jobs.worker.vision.families.base import Family, ImageFeatures
 
 
 class Gemma3(Family):
@@ -43,11 +43,11 @@ class Gemma3(Family):
     def image_tokens(self, vm: Any, image: Any) -> int:
         return int(vm.model.config.text_config.mm_tokens_per_image)
 
-    def encode(self, vm: Any, image: Any) -> tuple[mx.array, Any]:
+    def encode(self, vm: Any, image: Any) -> ImageFeatures:
         model = vm.model
         out = vm.processor.image_processor([image.pixels], do_pan_and_scan=False)
         pixels = mx.array(np.asarray(out["pixel_values"]))
         dtype = model.language_model.model.norm.weight.dtype
         hidden, _, _ = model.vision_tower(pixels.transpose(0, 2, 3, 1).astype(dtype), output_hidden_states=True)
         features = model.multi_modal_projector(hidden)[0]
-        return features / (model.config.hidden_size**0.5), None  # the top-level hidden_size, as mlx-vlm
+        return ImageFeatures(features / (model.config.hidden_size**0.5))  # the top-level hidden_size, as mlx-vlm

@@ -12,7 +12,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from omlx_jobs.worker.vision.families.base import Family
+from omlx_jobs.worker.vision.families.base import Family, ImageFeatures
 
 
 class Llava(Family):
@@ -25,7 +25,7 @@ class Llava(Family):
         n = (crop.height // patch) * (crop.width // patch) + (proc.num_additional_image_tokens or 0)
         return n - 1 if proc.vision_feature_select_strategy == "default" else n
 
-    def encode(self, vm: Any, image: Any) -> tuple[mx.array, Any]:
+    def encode(self, vm: Any, image: Any) -> ImageFeatures:
         model = vm.model
         pixels = mx.array(np.asarray(vm.processor.image_processor([image.pixels])["pixel_values"]))
         dtype = model.vision_tower.vision_model.embeddings.patch_embedding.weight.dtype
@@ -35,4 +35,4 @@ class Llava(Family):
         if model.vision_feature_select_strategy == "default":
             picked = [h[:, 1:] for h in picked]
         features = model.multi_modal_projector(mx.concatenate(picked, axis=-1))
-        return features[0], None
+        return ImageFeatures(features[0])

@@ -11,7 +11,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from omlx_jobs.worker.vision.families.base import Family
+from omlx_jobs.worker.vision.families.base import Family, ImageFeatures
 
 
 class Qwen2VL(Family):
@@ -30,12 +30,12 @@ class Qwen2VL(Family):
         height, width = proc._resolved_size(image.height, image.width)  # the sizing num_image_tokens uses
         return mx.array([[1, height // proc.patch_size, width // proc.patch_size]])
 
-    def encode(self, vm: Any, image: Any) -> tuple[mx.array, Any]:
+    def encode(self, vm: Any, image: Any) -> ImageFeatures:
         out = vm.processor.image_processor(images=[image.pixels])
         pixels = mx.array(out["pixel_values"])
         grid = mx.array(out["image_grid_thw"]).reshape(1, 3)
         dtype = vm.model.vision_tower.patch_embed.proj.weight.dtype
-        return vm.model.vision_tower(pixels.astype(dtype), grid, output_hidden_states=False), grid
+        return ImageFeatures(vm.model.vision_tower(pixels.astype(dtype), grid, output_hidden_states=False), grid)
 
     def positions(self, vm: Any, prompt: Any, features: list[Any]) -> tuple[mx.array | None, int]:
         if not prompt.spans:
@@ -46,7 +46,9 @@ class Qwen2VL(Family):
         positions, deltas = vm.model.language_model.get_rope_index(mx.array([prompt.tokens]), grid)
         return positions, int(mx.array(deltas).reshape(-1)[0].item())
 
-    def forward(self, vm: Any, ids: mx.array, embeds: mx.array, caches: list[Any], positions: Any) -> mx.array:
+    def forward(
+        self, vm: Any, ids: mx.array, embeds: mx.array, caches: list[Any], positions: Any, deep: Any = None
+    ) -> mx.array:
         return vm.model.language_model.model(ids, inputs_embeds=embeds, cache=caches, position_ids=positions)
 
     def project(self, vm: Any, h: mx.array) -> mx.array:
