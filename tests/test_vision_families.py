@@ -32,7 +32,8 @@ def loaded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     path: Path = BUILDERS[request.param](tmp_path_factory.mktemp(request.param))
     out = loading.load(str(path))
     assert isinstance(out, VisionLoaded) and out.vision is not None and out.vision.batched
-    assert not getattr(out.vision.processor, "chat_template", None), "the fixture must lack a processor template"
+    if request.param in ("llava", "gemma3"):  # as real checkpoints: only the tokenizer keeps the template
+        assert not getattr(out.vision.processor, "chat_template", None), "the fixture must lack a processor template"
     return out
 
 

@@ -146,7 +146,65 @@ def gemma3_files(
     return path, config, image, processor
 
 
-BUILDERS = {"llava": build_llava, "gemma3": build_gemma3}
+def build_qwen3_vl(path: Path | str, *, seed: int = 0) -> Path:
+    """A tiny Qwen3-VL: 3 text layers, deepstack features from vision blocks 0 and 1 added to text layers 0 and
+    1; images of 64 to 128 pixels a side (multiples of 32): 4 to 16 image tokens. Qwen2-VL's tokenizer files."""
+    from tests.tiny_vlm import _write_tokenizer
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    ids = _write_tokenizer(path, 384, 1024, None)
+    text = {
+        **TEXT,
+        "num_hidden_layers": 3,
+        "model_type": "qwen3_vl_text",
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": ids["vocab"],
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 1024,
+        "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+        "tie_word_embeddings": False,
+    }
+    config = {
+        "model_type": "qwen3_vl",
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "tie_word_embeddings": False,
+        "text_config": text,
+        "vision_config": {
+            **VISION,
+            "model_type": "qwen3_vl",
+            "depth": 3,
+            "num_heads": 2,
+            "out_hidden_size": TEXT["hidden_size"],
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": [0, 1],
+            "in_channels": 3,
+        },
+    }
+    image = {
+        "image_processor_type": "Qwen3VLImageProcessor",
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "min_pixels": 64 * 64,
+        "max_pixels": 128 * 128,
+        **_pixels([0.5] * 3, [0.5] * 3, resample=3),
+    }
+    (path / "video_preprocessor_config.json").write_text(json.dumps(image, indent=1))
+    return _finish(path, config, image, {"processor_class": "Qwen3VLProcessor"}, seed)
+
+
+BUILDERS = {"llava": build_llava, "gemma3": build_gemma3, "qwen3_vl": build_qwen3_vl}
 
 
 def _pixels(mean: list[float], std: list[float], *, resample: int) -> dict[str, Any]:
@@ -222,6 +280,14 @@ def _sharpen(model: Any, config: dict[str, Any]) -> None:
         attn = layer.self_attn
         attn.q_proj.weight = attn.q_proj.weight * 6.0
         attn.k_proj.weight = attn.k_proj.weight * 6.0
+        if config["model_type"] == "qwen3_vl":  # q and k are RMS-normed per head: sharpen after the norms
+            attn.q_norm.weight = attn.q_norm.weight * 3.0
+            attn.k_norm.weight = attn.k_norm.weight * 3.0
+    if config["model_type"] == "qwen3_vl":  # the merger and each deepstack merger: features that matter
+        for merger in [model.vision_tower.merger, *model.vision_tower.deepstack_merger_list]:
+            last = merger.linear_fc2
+            last.weight = mx.random.normal(last.weight.shape, dtype=dt) * (4.0 / last.weight.shape[1] ** 0.5)
+        return
     proj = model.multi_modal_projector
     if config["model_type"] == "llava":
         last = proj.linear_2
