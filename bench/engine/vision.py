@@ -149,6 +149,8 @@ def load_model(spec: str, dtype: str | None, side: int) -> Any:
         return VisionModel.load(
             tiny_vlm.build_tiny_vlm(root / "tiny", context_length=8192, min_pixels=pixels, max_pixels=pixels)
         )
+    if spec.startswith("random:gemma3"):
+        return random_gemma3(root, spec.split(":", 1)[1], dtype)
     if spec.startswith("random:"):
         name = spec.split(":", 1)[1]
         config = tiny_vlm.write_vlm_files(
@@ -166,8 +168,6 @@ def load_model(spec: str, dtype: str | None, side: int) -> Any:
 
         family = spec.split(":", 1)[1]
         return VisionModel.load(vision_fixtures.BUILDERS[family](root / family))
-    if spec.startswith("random:gemma3"):
-        return random_gemma3(root, spec.split(":", 1)[1], dtype)
     return VisionModel.load(spec)
 
 
@@ -344,8 +344,8 @@ def main() -> None:
     ap.add_argument(
         "--model",
         default="tiny",
-        help="tiny | tiny:gemma3 | tiny:llava | random:qwen2-vl-7b | random:qwen2-vl-mini | random:gemma3-4b | "
-        "random:gemma3-mini | a model dir",
+        help="tiny | tiny:gemma3 | tiny:qwen3_vl | tiny:llava | random:qwen2-vl-7b | random:qwen2-vl-mini | "
+        "random:gemma3-4b | random:gemma3-mini | a model dir",
     )
     ap.add_argument("--dtype", default=None, help="random models: bfloat16 (default) or float16/float32")
     ap.add_argument("--quick", action="store_true", help="16 questions over 4 images, 8 tokens")

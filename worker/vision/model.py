@@ -27,10 +27,10 @@ the delta is added to that row's offset, which mlx-lm's text model uses only as 
 the padding). Every later filter/extend keeps it. For text tokens all
 three mRoPE sections hold the same position, so mlx-lm's 1-D RoPE is exact for decoding.
 
-Families: BATCHED lists the families whose prompts we build and whose decode runs in mlx-lm's
-BatchGenerator: qwen2_vl and qwen2_5_vl, both tested on tiny fixtures (tests/tiny_vlm.py). Other families need
-their own glue here (how the vision tower is called, positions, mlx-lm's twin); until then every other vision
-model mlx-vlm loads runs one request at a time on mlx-vlm's own generation loop (worker/vision/serial.py).
+Families: each batched family has an adapter in vision/families/ (how the vision tower is called, the prompt's
+image tokens, positions, caches, mlx-lm's twin): qwen2_vl, qwen2_5_vl, qwen3_vl, llava and gemma3, tested on
+tiny fixtures (tests/tiny_vlm.py, tests/vision_fixtures.py). Every other vision model mlx-vlm loads runs one
+request at a time on mlx-vlm's own generation loop (worker/vision/serial.py).
 A quantized checkpoint's twin is quantized like the source (untested here).
 """
 

@@ -3,7 +3,8 @@
 Owns: the adapter protocol (base.py: how a family's images become prompt tokens and input embeddings, the
 positions its language model runs at, its caches and whether they may be trimmed, and mlx-lm's text model that
 decodes it), and one module per family: Qwen2-VL / Qwen2.5-VL (qwen2_vl.py), Qwen3-VL (qwen3_vl.py), LLaVA
-(llava.py), Gemma 3 (gemma3.py). FAMILIES maps an mlx-vlm model_type to its adapter; every other family runs on vision/serial.py.
+(llava.py), Gemma 3 (gemma3.py). FAMILIES maps an mlx-vlm model_type to its adapter; every other family runs
+on vision/serial.py.
 """
 
 from __future__ import annotations
