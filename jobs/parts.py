@@ -17,6 +17,7 @@ from omlx_jobs.jobs import images as img
 from omlx_jobs.jobs.errors import BadValue, check_text, describe
 
 IMAGE_KEYS = ("url", "detail")
+VIDEO_TYPES = ("video", "video_url", "input_video")
 
 
 def parse_content(value: Any, name: str, role: str, access: img.ImageAccess) -> str | list[dict[str, Any]]:
@@ -50,6 +51,12 @@ def parse_content(value: Any, name: str, role: str, access: img.ImageAccess) -> 
                     f"images go in user messages, not in {'an' if role[0] in 'aeiou' else 'a'} {role} message",
                 )
             parts.append(_image_part(part, here, access))
+        elif kind in VIDEO_TYPES:
+            raise BadValue(
+                "unsupported_content",
+                f"{here}.type",
+                f"video ({kind!r} parts) is out of scope: no model here takes video; send frames as image_url parts",
+            )
         elif kind is None:
             raise BadValue(
                 ErrorCode.MISSING_FIELD, f"{here}.type", 'is missing; text parts are {"type": "text", "text": "..."}'

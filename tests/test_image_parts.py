@@ -307,3 +307,10 @@ def test_submit_allow_files_from(tmp_path: Path, folder: Path, redis_url: str) -
     args = ["submit", str(src), "-m", "m", "--allow-files-from", str(tmp_path / "no")]
     missing = CliRunner().invoke(cli, args, env=env)
     assert missing.exit_code == 2 and "not a folder" in missing.stderr
+
+
+@pytest.mark.parametrize("kind", ["video", "video_url", "input_video"])
+def test_a_video_part_is_a_line_error_that_says_video_is_out_of_scope(kind: str) -> None:
+    field, code, message = error(line({"type": kind, kind: {"url": "file:///v.mp4"}}))
+    assert (field, code) == ("body.messages[0].content[0].type", "unsupported_content")
+    assert "video" in message and "out of scope" in message

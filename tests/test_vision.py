@@ -119,7 +119,7 @@ def test_recognises_a_vision_config(vlm_dir: Path, tiny_model_dir: Path) -> None
     assert vision_model_type(config) == config["model_type"] in ("qwen2_vl", "qwen2_5_vl")
     assert vision_model_type(json.loads((tiny_model_dir / "config.json").read_text())) is None
     assert vision_model_type({"model_type": "no_such_vlm", "vision_config": {}}) is None
-    assert is_batched(config["model_type"]) and not is_batched("llava")
+    assert is_batched(config["model_type"]) and is_batched("llava") and not is_batched("idefics3")
 
 
 def test_decode_model_shares_the_weights(vm: VisionModel) -> None:

@@ -19,6 +19,9 @@ the 64 greedy outputs equal the mlx-vlm loop's token for token.
     .venv/bin/python bench/engine/vision.py                                      # tiny fixture, the 64 x 8 job
     python3 bench/engine/vision.py --model random:qwen2-vl-7b --dtype bfloat16   # a GPU: Qwen2-VL-7B's shape
     .venv/bin/python bench/engine/vision.py --model random:qwen2-vl-mini --quick # that code path, small, on a CPU
+    .venv/bin/python bench/engine/vision.py --model tiny:gemma3 --quick          # Gemma 3 tiny fixture (or tiny:llava)
+    python3 bench/engine/vision.py --model random:gemma3-4b --dtype bfloat16     # a GPU: Gemma-3-4B's shape
+    .venv/bin/python bench/engine/vision.py --model random:gemma3-mini --quick   # that code path, small, on a CPU
 """
 
 from __future__ import annotations
@@ -69,6 +72,43 @@ RANDOM_SHAPES = {
         "vision_heads": 4,
     },
 }
+_GEMMA3_4B = {
+    "text": {
+        "hidden_size": 2560,
+        "num_hidden_layers": 34,
+        "intermediate_size": 10240,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 1024,
+        "sliding_window_pattern": 6,
+        "mm_tokens_per_image": 256,
+    },
+    "vision": {"num_hidden_layers": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_attention_heads": 16},
+    "image_size": 896,
+    "model_vocab": 262208,
+}
+GEMMA3_SHAPES = {
+    "gemma3-4b": _GEMMA3_4B,  # Gemma-3-4B-it's shape
+    "gemma3-mini": {  # the same code path, CPU-sized: 64 image tokens per picture, 6 layers (1 global)
+        "text": {
+            **_GEMMA3_4B["text"],
+            "hidden_size": 256,
+            "num_hidden_layers": 6,
+            "intermediate_size": 512,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "query_pre_attn_scalar": 64,
+            "sliding_window": 64,
+            "mm_tokens_per_image": 64,
+        },
+        "vision": {"num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2},
+        "image_size": 224,
+        "model_vocab": 4096,
+    },
+}
 SYSTEM = "You are a careful visual assistant. Look at the picture and answer the question in a few words."
 QUESTIONS = [
     "What is in this picture?",
@@ -109,6 +149,8 @@ def load_model(spec: str, dtype: str | None, side: int) -> Any:
         return VisionModel.load(
             tiny_vlm.build_tiny_vlm(root / "tiny", context_length=8192, min_pixels=pixels, max_pixels=pixels)
         )
+    if spec.startswith("random:gemma3"):
+        return random_gemma3(root, spec.split(":", 1)[1], dtype)
     if spec.startswith("random:"):
         name = spec.split(":", 1)[1]
         config = tiny_vlm.write_vlm_files(
@@ -121,7 +163,23 @@ def load_model(spec: str, dtype: str | None, side: int) -> Any:
         )
         model = tiny_vlm.random_vlm(config, attention_scale=1.0, dtype=dtype or "bfloat16")
         return VisionModel.with_weights(root / name, model)
+    if spec.startswith("tiny:"):  # another family's tiny fixture (tests/vision_fixtures.py)
+        from tests import vision_fixtures
+
+        family = spec.split(":", 1)[1]
+        return VisionModel.load(vision_fixtures.BUILDERS[family](root / family))
     return VisionModel.load(spec)
+
+
+def random_gemma3(root: Path, name: str, dtype: str | None) -> Any:
+    """Gemma 3 of GEMMA3_SHAPES[name] with random weights (bfloat16 unless told), the tokenizer padded to its
+    vocabulary, the processor's files written offline."""
+    from omlx_jobs.worker.vision.model import VisionModel
+    from tests import vision_fixtures
+
+    path, config, _, _ = vision_fixtures.gemma3_files(root / name, shape=GEMMA3_SHAPES[name])
+    model = vision_fixtures.random_model(config, dtype=dtype or "bfloat16")
+    return VisionModel.with_weights(path, model)
 
 
 def make_job(side: int, max_tokens: int, n_images: int = 8, per_image: int = 8) -> Job:
@@ -207,9 +265,9 @@ def _with_url(messages: list[dict[str, Any]], url: str) -> list[dict[str, Any]]:
 
 
 def _text(vm: Any, messages: list[dict[str, Any]]) -> str:
-    from omlx_jobs.worker.vision.model import _template_messages
+    from omlx_jobs.worker.vision.model import template_text
 
-    return vm.processor.apply_chat_template(_template_messages(messages)[0], add_generation_prompt=True, tokenize=False)
+    return template_text(vm, messages)  # the processor's chat template, or the tokenizer's
 
 
 def _no_eos(vm: Any) -> Any:
@@ -263,10 +321,12 @@ def run_mlx_vlm_batch(vm: Any, job: Job, batch: int) -> Outcome:
     )
     uids = []
     for messages, im in zip(job.messages, job.images, strict=True):
-        inp = vm.processor(text=[_text(vm, messages)], images=[im.pixels], return_tensors="mlx")
-        emb = vm.model.get_input_embeddings(inp["input_ids"], inp["pixel_values"], image_grid_thw=inp["image_grid_thw"])
-        kw = {"image_grid_thw": inp["image_grid_thw"], **{k: v for k, v in emb.to_dict().items() if v is not None}}
-        uids += gen.insert(mx.array(inp["input_ids"]).tolist(), job.max_tokens, prompt_kwargs=[kw])
+        inp = dict(vm.processor(text=[_text(vm, messages)], images=[im.pixels], return_tensors="mlx"))
+        ids, pixels, mask = inp.pop("input_ids"), inp.pop("pixel_values"), inp.pop("attention_mask", None)
+        inp = {k: v for k, v in inp.items() if k != "token_type_ids"}  # Qwen2-VL: image_grid_thw
+        emb = vm.model.get_input_embeddings(ids, pixels, mask=mask, **inp)
+        kw = {**inp, **{k: v for k, v in emb.to_dict().items() if v is not None and k != "attention_mask_4d"}}
+        uids += gen.insert(mx.array(ids).tolist(), job.max_tokens, prompt_kwargs=[kw])
     got: dict[int, list[int]] = {u: [] for u in uids}
     while gen.has_work:
         for r in gen.next()[1]:
@@ -281,7 +341,12 @@ def run_mlx_vlm_batch(vm: Any, job: Job, batch: int) -> Outcome:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny", help="tiny | random:qwen2-vl-7b | random:qwen2-vl-mini | a model dir")
+    ap.add_argument(
+        "--model",
+        default="tiny",
+        help="tiny | tiny:gemma3 | tiny:qwen3_vl | tiny:llava | random:qwen2-vl-7b | random:qwen2-vl-mini | "
+        "random:gemma3-4b | random:gemma3-mini | a model dir",
+    )
     ap.add_argument("--dtype", default=None, help="random models: bfloat16 (default) or float16/float32")
     ap.add_argument("--quick", action="store_true", help="16 questions over 4 images, 8 tokens")
     ap.add_argument("--max-tokens", type=int, default=None)

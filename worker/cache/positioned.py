@@ -48,8 +48,11 @@ class PositionedKVCache(KVCache):
         return batch
 
 
-def positioned(caches: list[Any], breaks: tuple[tuple[int, int], ...] = ()) -> list[PositionedKVCache]:
-    """The same keys and values (no copy) as PositionedKVCache layers carrying `breaks`."""
+def positioned(caches: list[Any], breaks: tuple[tuple[int, int], ...] = ()) -> list[Any]:
+    """The same keys and values (no copy) as PositionedKVCache layers carrying `breaks`. Caches with other layer
+    kinds and no breaks (a family with 1-D RoPE and rotating layers) come back as they are."""
+    if not breaks and any(type(c) not in (KVCache, PositionedKVCache) for c in caches):
+        return caches  # sliding-window layers (Gemma 3): mlx-lm's own caches, at text positions throughout
     out = []
     for c in caches:
         if type(c) not in (KVCache, PositionedKVCache):

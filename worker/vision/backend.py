@@ -9,7 +9,7 @@ from the vision features, before a row goes in:
 - at admission, VisionBackend.media_prefix extends the request's best cached prefix through its last image
   and hands that prefix to the row (through the prefix cache), so the batch only ever prefills text.
 Caches carry their RoPE breaks (cache/positioned.PositionedKVCache), so a row's text runs at its true mRoPE
-positions, whatever prefix it starts from. Families outside vision.model.BATCHED run on serial.py instead.
+positions, whatever prefix it starts from. Families without an adapter (vision/families/) run on serial.py instead.
 """
 
 from __future__ import annotations
@@ -34,6 +34,11 @@ class VisionBackend(ModelBackend):
     def __init__(self, vm: VisionModel, model: Any, **kw: Any) -> None:
         super().__init__(model, **kw)
         self.vm = vm
+        if vm.family.sliding:
+            # mlx-lm's RotatingKVCache says it can trim while it holds fewer tokens than its window, but a cached
+            # prefix longer than the window cannot be cut back: entries are reused whole (the prefix cache and
+            # the warm-up planner then only reuse whole cached prefixes, never trimmed ones).
+            self.trimmable = False
         self._ready: dict[int, tuple[Match, int]] = {}
         """Image prefixes computed for a window's admissions, by admission position (and tokens computed)."""
 
@@ -117,9 +122,11 @@ class VisionBackend(ModelBackend):
         ends = [start + len(suffixes[i]) for i in rows]
         views = [vision_prompt(prompts[i]) for i in rows]
         caches = [list(bases[i]) if bases[i] is not None else None for i in rows]
-        if len(rows) == 1:
-            i = rows[0]
-            done = [image_prefill.prefill(self.vm, views[0], caches=caches[0], start=start, end=ends[0], want=want[i])]
+        if len(rows) == 1 or self.vm.family.sliding:  # rotating caches: one row at a time
+            done = [
+                image_prefill.prefill(self.vm, v, caches=c, start=start, end=e, want=want[i])
+                for i, v, c, e in zip(rows, views, caches, ends, strict=True)
+            ]
         else:
             done = image_prefill.prefill_rows(self.vm, views, caches, ends, [want[i] for i in rows])
         return {i: (pf.caches, {j: pf.picked[j] for j in want[i]}) for i, pf in zip(rows, done, strict=True)}

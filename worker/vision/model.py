@@ -27,10 +27,10 @@ the delta is added to that row's offset, which mlx-lm's text model uses only as 
 the padding). Every later filter/extend keeps it. For text tokens all
 three mRoPE sections hold the same position, so mlx-lm's 1-D RoPE is exact for decoding.
 
-Families: BATCHED lists the families whose prompts we build and whose decode runs in mlx-lm's
-BatchGenerator: qwen2_vl and qwen2_5_vl, both tested on tiny fixtures (tests/tiny_vlm.py). Other families need
-their own glue here (how the vision tower is called, positions, mlx-lm's twin); until then every other vision
-model mlx-vlm loads runs one request at a time on mlx-vlm's own generation loop (worker/vision/serial.py).
+Families: each batched family has an adapter in vision/families/ (how the vision tower is called, the prompt's
+image tokens, positions, caches, mlx-lm's twin): qwen2_vl, qwen2_5_vl, qwen3_vl, llava and gemma3, tested on
+tiny fixtures (tests/tiny_vlm.py, tests/vision_fixtures.py). Every other vision model mlx-vlm loads runs one
+request at a time on mlx-vlm's own generation loop (worker/vision/serial.py).
 A quantized checkpoint's twin is quantized like the source (untested here).
 """
 
@@ -41,7 +41,6 @@ import importlib.util
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +53,11 @@ from omlx_jobs.jobs.images import ImageAccess
 from omlx_jobs.jobs.parts import image_urls
 from omlx_jobs.worker.cache.positioned import PositionedKVCache
 from omlx_jobs.worker.prompts import ImageError, PromptError
+from omlx_jobs.worker.vision.families import Family, family_of
+from omlx_jobs.worker.vision.families.base import ImageFeatures
 from omlx_jobs.worker.vision.feature_cache import FeatureCache
 from omlx_jobs.worker.vision.images import DEFAULT_LIMITS, DecodedImage, ImageLimits, load_image
 from omlx_jobs.worker.vision.prompt import ImageSpan, VisionPrompt, expand_image_tokens
-
-# model_type -> the mlx-lm text model that decodes it with token ids (mlx-lm strips the vision tower).
-BATCHED = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl"}
-MROPE = frozenset({"qwen2_vl", "qwen2_5_vl"})
 
 
 def vision_model_type(config: dict[str, Any]) -> str | None:
@@ -77,23 +74,7 @@ def vision_model_type(config: dict[str, Any]) -> str | None:
 
 def is_batched(model_type: str) -> bool:
     """Whether image requests of this family decode in mlx-lm's BatchGenerator (else: one at a time)."""
-    return model_type in BATCHED
-
-
-@dataclass
-class ImageFeatures:
-    """The vision encoder's output for one image: features in the text model's space, and the patch grid."""
-
-    features: Any  # mx.array (image tokens, hidden)
-    grid: Any  # mx.array (1, 3): temporal, height, width patches
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.features.nbytes) + int(self.grid.nbytes)
-
-    @property
-    def tokens(self) -> int:
-        return int(self.features.shape[0])
+    return family_of(model_type) is not None
 
 
 class VisionModel:
@@ -106,10 +87,11 @@ class VisionModel:
         self.config = config
         self.model_type = str(config["model_type"]).lower()
         self.tokenizer = getattr(processor, "tokenizer", processor)
-        token = getattr(model.config, "image_token_id", None) or config.get("image_token_id")
-        self.image_token_id = int(token) if token is not None else -1  # -1: placed by the processor (serial)
+        family = family_of(self.model_type)
+        self.family: Family = family if family is not None and family.batches(self) else Family()
+        self.image_token_id = self.family.image_token_id(self)  # -1: placed by the processor (serial)
         self.features: FeatureCache[ImageFeatures] = FeatureCache()
-        self.batched = is_batched(self.model_type)
+        self.batched = family is not None and self.family is family
         """Whether the engine decodes it in BatchGenerator; False runs it on serial.py (tests force it)."""
         self._decode_model: Any = None
 
@@ -136,24 +118,17 @@ class VisionModel:
 
     @property
     def mrope(self) -> bool:
-        return self.model_type in MROPE
+        return self.family.mrope
 
     # ---- images ------------------------------------------------------------------------------------
 
     def image_tokens(self, image: DecodedImage) -> int:
         """How many prompt tokens this image becomes, from its size alone (no pixels processed). A size the
         processor refuses (Qwen2-VL: an aspect ratio over 200) is an ImageError: the request fails alone."""
-        proc = self.processor.image_processor
         try:
-            return int(proc.num_image_tokens(image.height, image.width))
+            return self.family.image_tokens(self, image)
         except Exception as exc:  # the processor's own checks raise ValueError; a port may raise anything
             raise processor_refused(image, exc) from None
-
-    def image_grid(self, image: DecodedImage) -> Any:
-        """(1, 3) patch grid (temporal, height, width) the processor gives this image, from its size alone."""
-        proc = self.processor.image_processor
-        height, width = proc._resolved_size(image.height, image.width)  # the sizing num_image_tokens uses
-        return mx.array([[1, height // proc.patch_size, width // proc.patch_size]])
 
     def image_features(self, image: DecodedImage) -> ImageFeatures:
         """The image's features, from the feature cache or by running the vision encoder once."""
@@ -161,17 +136,12 @@ class VisionModel:
 
     def encode(self, image: DecodedImage) -> ImageFeatures:
         """Preprocess and run the vision tower on one image (no cache)."""
-        pixels = image.pixels
         try:
-            out = self.processor.image_processor(images=[pixels])
-            pixel_values = mx.array(out["pixel_values"])
-            grid = mx.array(out["image_grid_thw"]).reshape(1, 3)
-        except Exception as exc:
+            out = self.family.encode(self, image)
+        except Exception as exc:  # the processor (or the tower) refusing this image fails its request alone
             raise processor_refused(image, exc) from None
-        dtype = self.model.vision_tower.patch_embed.proj.weight.dtype
-        features = self.model.vision_tower(pixel_values.astype(dtype), grid, output_hidden_states=False)
-        mx.eval(features)
-        return ImageFeatures(features, grid)
+        mx.eval([a for a in (out.features, out.deep) if a is not None])
+        return out
 
     # ---- prompts -----------------------------------------------------------------------------------
 
@@ -180,7 +150,7 @@ class VisionModel:
 
         `images` are the decoded image parts in prompt order (jobs/parts.image_urls).
         """
-        ids = list(self.tokenizer(template_text(self, messages))["input_ids"])
+        ids = list(self.tokenizer(self.family.expand_text(self, template_text(self, messages)))["input_ids"])
         counts = [self.image_tokens(im) for im in images]
         try:
             tokens, starts = expand_image_tokens(ids, self.image_token_id, counts)
@@ -206,9 +176,10 @@ class VisionModel:
         It is what BatchGenerator runs: token ids in, logits out, 1-D RoPE at each row's cache offset.
         """
         if self._decode_model is None:
-            if self.model_type not in BATCHED:
+            if not self.batched:
                 raise ValueError(f"{self.model_type} is not decoded in mlx-lm's BatchGenerator; run it unbatched")
-            self._decode_model = _twin(self.model.language_model, self.config, BATCHED[self.model_type])
+            family = self.family
+            self._decode_model = _twin(self.model.language_model, family.text_config(self), family)
         return self._decode_model
 
 
@@ -223,10 +194,12 @@ def processor_refused(image: DecodedImage, exc: Exception) -> ImageError:
 
 
 def template_text(vm: VisionModel, messages: Sequence[dict[str, Any]]) -> str:
-    """The processor's chat template over the messages, one image placeholder per image part."""
+    """The chat template over the messages, one image placeholder per image part: the processor's, or the
+    tokenizer's where the processor keeps none (mlx-vlm's Gemma 3, Mistral 3 and LLaVA processors)."""
     template_messages, cont = _template_messages(messages)
+    owner = vm.processor if getattr(vm.processor, "chat_template", None) else vm.tokenizer
     try:
-        return vm.processor.apply_chat_template(
+        return owner.apply_chat_template(
             template_messages, add_generation_prompt=not cont, continue_final_message=cont, tokenize=False
         )
     except Exception as exc:  # jinja raises for roles or orders a template does not support
@@ -246,11 +219,14 @@ def _template_messages(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[st
     return out, messages[-1]["role"] == "assistant"
 
 
-def _twin(language_model: Any, config: dict[str, Any], mlx_lm_type: str) -> Any:
-    """Build mlx-lm's model for `mlx_lm_type` and point its parameters at `language_model`'s arrays."""
+def _twin(language_model: Any, config: dict[str, Any], family: Family) -> Any:
+    """Build mlx-lm's model for the family and point its parameters at `language_model`'s arrays."""
+    mlx_lm_type = family.mlx_lm_type
     arch = importlib.import_module(f"mlx_lm.models.{mlx_lm_type}")
     model = arch.Model(arch.ModelArgs.from_dict(config))
     source = dict(tree_flatten(language_model.parameters()))
+    # mlx-lm's qwen2_vl wraps its text model in `language_model`; llama and gemma3_text do not
+    prefix = "language_model." if hasattr(model, "language_model") else ""
     quantized = {k.rsplit(".", 1)[0] for k in source if k.endswith(".scales")}
     if quantized:  # quantize the same layers the same way before sharing the arrays
         q = config.get("quantization") or config.get("quantization_config") or {}
@@ -258,14 +234,15 @@ def _twin(language_model: Any, config: dict[str, Any], mlx_lm_type: str) -> Any:
             model,
             group_size=q.get("group_size", 64),
             bits=q.get("bits", 4),
-            class_predicate=lambda p, m: p.removeprefix("language_model.") in quantized,
+            class_predicate=lambda p, m: p.removeprefix(prefix) in quantized,
         )
     wanted = {k for k, _ in tree_flatten(model.parameters())}
-    shared = [(f"language_model.{k}", v) for k, v in source.items()]
+    shared = [(f"{prefix}{k}", v) for k, v in source.items()]
     missing = wanted - {k for k, _ in shared}
     if missing:
         raise ValueError(f"mlx-lm's {mlx_lm_type} model has parameters the vision model lacks: {sorted(missing)[:3]}")
     model.update(tree_unflatten([(k, v) for k, v in shared if k in wanted]))
-    layers = len(model.layers)
-    model.make_cache = lambda: [PositionedKVCache() for _ in range(layers)]
+    if not family.sliding:  # full attention: every layer carries the row's RoPE delta
+        layers = len(model.layers)
+        model.make_cache = lambda: [PositionedKVCache() for _ in range(layers)]
     return model

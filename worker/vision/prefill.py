@@ -52,11 +52,10 @@ def prefill(
     n = len(prompt) if end is None else end
     if not 0 <= start < n <= len(prompt):
         raise ValueError(f"need 0 <= start < end <= {len(prompt)}, got {start}, {n}")
-    lm = vm.model.language_model
     if caches is None:
         if start:
             raise ValueError("start > 0 needs the caches that hold those tokens")
-        caches = [KVCache() for _ in lm.model.layers]
+        caches = fresh_caches(vm)
     elif caches[0].offset != start:
         raise ValueError(f"the caches hold {caches[0].offset} tokens, not start={start}")
     images = prompt.extra.get("images", ())
@@ -67,16 +66,17 @@ def prefill(
     ids = mx.array([prompt.tokens])
     positions, delta = rope_positions(vm, prompt, features)
     embeds = input_embeddings(vm, prompt, features, start, n)
+    deep = [deep_inputs(prompt, features, start, n)]
     picked: dict[int, mx.array] = {}
     want = set(want) | {n - 1 - start}
     for a in range(start, n, step):
         b = min(a + step, n)
         pos = positions[..., a:b] if positions is not None else None
-        hidden = lm.model(ids[:, a:b], inputs_embeds=embeds[:, a - start : b - start], cache=caches, position_ids=pos)
+        chunk = deep_chunk(deep, a - start, b - start)
+        hidden = vm.family.forward(vm, ids[:, a:b], embeds[:, a - start : b - start], caches, pos, chunk)
         rows = [j for j in sorted(want) if a <= j + start < b]
         if rows:
-            h = mx.stack([hidden[0, j + start - a] for j in rows])
-            out = lm.model.embed_tokens.as_linear(h) if lm.args.tie_word_embeddings else lm.lm_head(h)
+            out = vm.family.project(vm, mx.stack([hidden[0, j + start - a] for j in rows]))
             picked.update({j: out[k : k + 1] for k, j in enumerate(rows)})
         mx.eval([c.state for c in caches], list(picked.values()))
     logits = picked[n - 1 - start][0]
@@ -103,8 +103,9 @@ def prefill_rows(
     lm = vm.model.language_model
     width = max(ends) - start
     inputs = [_row_inputs(vm, prompt, start, end, width) for prompt, end in zip(prompts, ends, strict=True)]
-    embeds = [e for e, _, _, _ in inputs]
-    positions = [p for _, p, _, _ in inputs if p is not None]
+    embeds = [e for e, _, _, _, _ in inputs]
+    deep = [d for _, _, _, _, d in inputs]
+    positions = [p for _, p, _, _, _ in inputs if p is not None]
     pos_all = mx.concatenate(positions, axis=1) if len(positions) == len(prompts) else None
     emb = mx.concatenate(embeds, axis=0)
     batch = _stack_caches(bases, len(lm.model.layers), start)
@@ -114,11 +115,10 @@ def prefill_rows(
     for a in range(0, width, step):
         b = min(a + step, width)
         pos = pos_all[..., a:b] if pos_all is not None else None
-        hidden = lm.model(ids[:, a:b], inputs_embeds=emb[:, a:b], cache=batch, position_ids=pos)
+        hidden = vm.family.forward(vm, ids[:, a:b], emb[:, a:b], batch, pos, deep_chunk(deep, a, b))
         picks = [(i, j) for i, w in enumerate(wants) for j in sorted(w) if a <= j < b]
         if picks:
-            h = mx.stack([hidden[i, j - a] for i, j in picks])
-            out = lm.model.embed_tokens.as_linear(h) if lm.args.tie_word_embeddings else lm.lm_head(h)
+            out = vm.family.project(vm, mx.stack([hidden[i, j - a] for i, j in picks]))
             for k, (i, j) in enumerate(picks):
                 picked[i][j] = out[k : k + 1]
         mx.eval([c.state for c in batch], [v for d in picked for v in d.values()])
@@ -129,7 +129,7 @@ def prefill_rows(
             k = KVCache()
             k.keys, k.values, k.offset = c.keys[i : i + 1, :, :end], c.values[i : i + 1, :, :end], end
             caches.append(k)
-        _, _, full, delta = inputs[i]
+        _, _, full, delta, _ = inputs[i]
         breaks = rope_breaks(prompt, full, end)
         last = picked[i][end - 1 - start][0]
         out_rows.append(Prefilled(positioned(caches, breaks), last, delta, end - start, picked[i]))
@@ -138,9 +138,10 @@ def prefill_rows(
 
 def _row_inputs(
     vm: VisionModel, prompt: VisionPrompt, start: int, end: int, width: int
-) -> tuple[mx.array, mx.array | None, mx.array | None, int]:
+) -> tuple[mx.array, mx.array | None, mx.array | None, int, Any]:
     """One batched row's embeddings for [start, end), right-padded to `width`; its positions there (padding
-    positions run on from the row's last one); its positions over the whole prompt; its RoPE delta."""
+    positions run on from the row's last one); its positions over the whole prompt; its RoPE delta; its
+    deepstack inputs (deep_inputs)."""
     images = prompt.extra.get("images", ())
     feats = [
         vm.image_features(im) if s.end > start and s.start < end else None
@@ -154,7 +155,7 @@ def _row_inputs(
         cut = pos[..., start:end]
         if start + width > end:
             cut = mx.concatenate([cut, cut[..., -1:] + mx.arange(1, start + width - end + 1)], axis=-1)
-    return e, cut, pos, delta
+    return e, cut, pos, delta, deep_inputs(prompt, feats, start, end)
 
 
 def _stack_caches(bases: list[list[Any] | None], layers: int, start: int) -> list[KVCache]:
@@ -185,7 +186,6 @@ def input_embeddings(
     vm: VisionModel, prompt: VisionPrompt, features: list[ImageFeatures | None], start: int = 0, end: int | None = None
 ) -> mx.array:
     """(1, end - start, hidden): token embeddings, with each image's features at its image positions."""
-    embed = vm.model.language_model.model.embed_tokens
     dtype = vm.model.language_model.model.norm.weight.dtype  # not embed's: a quantized table's weight is packed
     end = len(prompt) if end is None else end
     pieces = []
@@ -196,26 +196,54 @@ def input_embeddings(
         if span.start >= end:
             break
         if span.start > pos:
-            pieces.append(embed(mx.array(prompt.tokens[pos : span.start])))
+            pieces.append(vm.family.embed(vm, mx.array(prompt.tokens[pos : span.start])))
         if feat is None or feat.tokens != span.length:
             raise ValueError(f"image at {span.start} has {span.length} tokens but no features of that size")
         lo, hi = max(pos, span.start), min(span.end, end)
         pieces.append(feat.features[lo - span.start : hi - span.start].astype(dtype))
         pos = hi
     if pos < end:
-        pieces.append(embed(mx.array(prompt.tokens[pos:end])))
+        pieces.append(vm.family.embed(vm, mx.array(prompt.tokens[pos:end])))
     return mx.concatenate(pieces, axis=0)[None]
+
+
+def deep_inputs(
+    prompt: VisionPrompt, features: list[ImageFeatures | None], start: int, end: int
+) -> tuple[list[bool], mx.array] | None:
+    """Qwen3-VL's deepstack inputs over [start, end): which positions are image positions, and the features
+    added to the early layers' hidden states there, (layers, image positions, hidden). None without any."""
+    mask, pieces = [False] * (end - start), []
+    for span, feat in zip(prompt.spans, features, strict=True):
+        lo, hi = max(span.start, start), min(span.end, end)
+        if lo >= hi or feat is None or feat.deep is None:
+            continue
+        mask[lo - start : hi - start] = [True] * (hi - lo)
+        pieces.append(feat.deep[:, lo - span.start : hi - span.start])
+    return (mask, mx.concatenate(pieces, axis=1)) if pieces else None
+
+
+def deep_chunk(rows: list[tuple[list[bool], mx.array] | None], a: int, b: int) -> tuple[mx.array, mx.array] | None:
+    """Columns [a, b) of a batch's deepstack inputs: the (rows, b - a) mask, and the features of its image
+    positions in batch-major order, as mlx-vlm's language model takes them. None when the chunk holds none."""
+    masks, parts = [], []
+    for row in rows:
+        mask = (row[0] if row is not None else [])[a:b]
+        masks.append(mask + [False] * (b - a - len(mask)))
+        if row is not None and any(mask):
+            before = sum(row[0][:a])
+            parts.append(row[1][:, before : before + sum(mask)])
+    return (mx.array(masks), mx.concatenate(parts, axis=1)) if parts else None
 
 
 def rope_positions(
     vm: VisionModel, prompt: VisionPrompt, features: list[ImageFeatures | None]
 ) -> tuple[mx.array | None, int]:
     """The family's position ids for the whole prompt and the RoPE delta after it (None, 0 for 1-D RoPE)."""
-    if not vm.mrope or not prompt.spans:
-        return None, 0  # text positions: the model counts them from the cache offset
-    images = prompt.extra.get("images", ())
-    grids = [f.grid if f is not None else vm.image_grid(im) for f, im in zip(features, images, strict=True)]
-    ids = mx.array([prompt.tokens])
-    grid = mx.concatenate(grids, axis=0) if grids else None
-    positions, deltas = vm.model.language_model.get_rope_index(ids, grid)
-    return positions, int(mx.array(deltas).reshape(-1)[0].item())
+    return vm.family.positions(vm, prompt, features)
+
+
+def fresh_caches(vm: VisionModel) -> list[Any]:
+    """Empty layer caches: mlx-lm's own for sliding-window families (rotating layers), else KVCache layers."""
+    if vm.family.sliding:
+        return vm.decode_model().make_cache()
+    return [KVCache() for _ in vm.model.language_model.model.layers]

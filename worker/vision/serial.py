@@ -1,11 +1,11 @@
 """The serial fallback: vision families we cannot batch safely run one request at a time, on mlx-vlm's own
 generation loop (`mlx_vlm.stream_generate`), correct rather than fast.
 
-Only Qwen2-VL and Qwen2.5-VL decode in mlx-lm's BatchGenerator (vision.BATCHED): their position state is a
-per-request RoPE delta we carry in the KV cache. Other families keep state on the model (or need glue we have
-not written and checked), so they run here: the same shard runner, results and accounting as the Engine, no
-prefix reuse (cached_tokens is 0), mlx-vlm's processor building the model inputs from the prompt text and the
-decoded pixels (never from a request's string: images are fetched and checked by media.ImageRef).
+Families with an adapter (vision/families/: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA, Gemma 3) decode in mlx-lm's
+BatchGenerator. Other families need glue we have not written and checked, so they run here: the same shard
+runner, results and accounting as the Engine, no prefix reuse (cached_tokens is 0), mlx-vlm's processor building
+the model inputs from the prompt text and the decoded pixels (never from a request's string: images are fetched
+and checked by media.ImageRef).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class SerialEngine:
         self.cache = PrefixCache(max_bytes=0)  # nothing is reused here; the shard runner reads its stats
         self.samplers = SamplerFactory()
         log.warning(
-            "%s (%s) does not batch here: its requests run one at a time on mlx-vlm (Qwen2-VL and Qwen2.5-VL batch)",
+            "%s (%s) does not batch here: its requests run one at a time on mlx-vlm (see docs/images.md)",
             loaded.ref,
             self.vm.model_type,
         )
@@ -62,7 +62,7 @@ class SerialEngine:
             raise PromptError(
                 ErrorCode.UNSUPPORTED_PARAMETER,
                 f"{', '.join(k for k, on in asked.items() if on)} cannot run on {self.vm.model_type}, which runs one "
-                "request at a time on mlx-vlm here; drop it, or use a Qwen2-VL / Qwen2.5-VL model",
+                "request at a time on mlx-vlm here; drop it, or use a family that batches (docs/images.md)",
             )
         check_context(tokens, self.loaded.context_length)
 
