@@ -2,7 +2,7 @@
 
 Pure logic: no Pillow, no MLX. Submit reads the first bytes of an image and judges what can be judged without
 decoding it: an aspect ratio that Qwen2-VL's processor (and every smart_resize port in mlx-vlm) refuses. The
-worker checks again with the decoded size (worker/vision/images.py decodes; the processor itself has the last
+worker checks again with the decoded size (worker/vision/inputs/images.py decodes; the processor itself has the last
 word there).
 """
 

@@ -53,7 +53,7 @@ def parse_content(value: Any, name: str, role: str, access: img.ImageAccess) -> 
             parts.append(_image_part(part, here, access))
         elif kind in VIDEO_TYPES:
             raise BadValue(
-                "unsupported_content",
+                ErrorCode.UNSUPPORTED_CONTENT,
                 f"{here}.type",
                 f"video ({kind!r} parts) is out of scope: no model here takes video; send frames as image_url parts",
             )

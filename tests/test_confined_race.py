@@ -79,7 +79,7 @@ def flipping(tree: Path) -> Iterator[list[int]]:
 
 
 def test_a_swapped_link_never_reads_outside(tree: Path, opener: str, flipping: list[int]) -> None:
-    from omlx_jobs.worker.vision.images import ImageError, fetch
+    from omlx_jobs.worker.vision.inputs.images import ImageError, fetch
 
     access = ImageAccess.create([tree / "allowed"])
     url = str(tree / "allowed" / "d" / "cat.png")

@@ -19,8 +19,8 @@ from omlx_jobs.jobs.images import ImageAccess
 from omlx_jobs.jobs.parts import image_urls
 from omlx_jobs.worker.models.loaded import check_accepts_images
 from omlx_jobs.worker.prompts import ImageError
-from omlx_jobs.worker.vision import images
-from omlx_jobs.worker.vision.images import ImageLimits
+from omlx_jobs.worker.vision.inputs import images
+from omlx_jobs.worker.vision.inputs.images import ImageLimits
 
 LOOPBACK = ["127.0.0.1"]  # the test servers' address: refused for remote images unless allowed
 

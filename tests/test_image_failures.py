@@ -29,9 +29,9 @@ from omlx_jobs.worker.engine.config import EngineConfig
 from omlx_jobs.worker.engine.loop import Engine
 from omlx_jobs.worker.prompts import ImageError
 from omlx_jobs.worker.runtime.shard import run_shard
-from omlx_jobs.worker.vision.images import decode
+from omlx_jobs.worker.vision.inputs.images import decode
+from omlx_jobs.worker.vision.inputs.media import ImageMemo, ImageRef, PixelCache
 from omlx_jobs.worker.vision.loaded import VisionLoaded
-from omlx_jobs.worker.vision.media import ImageMemo, ImageRef, PixelCache
 from tests.tiny_vlm import build_tiny_vlm
 
 # An EXIF block (Orientation 6, an Exif IFD, a Make) with a few bytes flipped: ImageOps.exif_transpose raises

@@ -28,9 +28,9 @@ from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.formats import CHAT_URL
 from omlx_jobs.worker import loading
 from omlx_jobs.worker.prompts import PromptError
-from omlx_jobs.worker.vision.images import IMAGE_ERROR_CODES, ImageLimits
+from omlx_jobs.worker.vision.inputs.images import IMAGE_ERROR_CODES, ImageLimits
+from omlx_jobs.worker.vision.inputs.media import ImageMemo
 from omlx_jobs.worker.vision.loaded import VisionLoaded
-from omlx_jobs.worker.vision.media import ImageMemo
 from tests.tiny_vlm import build_tiny_vlm
 
 SEED = 21

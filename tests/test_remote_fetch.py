@@ -215,7 +215,7 @@ def test_errors_tell_nothing_about_what_listens(redis_url: str) -> None:
 
 
 def test_the_worker_fetches_through_the_checked_path(server: str) -> None:
-    from omlx_jobs.worker.vision.images import ImageError, fetch
+    from omlx_jobs.worker.vision.inputs.images import ImageError, fetch
 
     assert fetch(f"{server}/img.png", _loopback_allowed()) == PNG
     with pytest.raises(ImageError) as exc:

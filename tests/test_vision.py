@@ -19,8 +19,8 @@ from PIL import Image  # noqa: E402
 
 from omlx_jobs.worker.cache.positioned import PositionedKVCache, positioned  # noqa: E402
 from omlx_jobs.worker.prompts import ImageError  # noqa: E402
-from omlx_jobs.worker.vision import images  # noqa: E402
 from omlx_jobs.worker.vision.feature_cache import FeatureCache  # noqa: E402
+from omlx_jobs.worker.vision.inputs import images  # noqa: E402
 from omlx_jobs.worker.vision.model import VisionModel, is_batched, vision_model_type  # noqa: E402
 from omlx_jobs.worker.vision.prefill import prefill  # noqa: E402
 from tests.tiny_vlm import build_tiny_vlm  # noqa: E402

@@ -25,8 +25,8 @@ from omlx_jobs.worker.engine.loop import Engine  # noqa: E402
 from omlx_jobs.worker.engine.results import ItemResult  # noqa: E402
 from omlx_jobs.worker.engine.sequence import WorkItem  # noqa: E402
 from omlx_jobs.worker.prompts import PromptError, common_prefix  # noqa: E402
+from omlx_jobs.worker.vision.inputs.media import vision_prompt  # noqa: E402
 from omlx_jobs.worker.vision.loaded import TemplatePrompt, VisionLoaded  # noqa: E402
-from omlx_jobs.worker.vision.media import vision_prompt  # noqa: E402
 from omlx_jobs.worker.vision.prefill import prefill  # noqa: E402
 from omlx_jobs.worker.vision.serial import SerialEngine  # noqa: E402
 from tests.test_vision import generate_text, picture  # noqa: E402
@@ -302,7 +302,7 @@ def test_one_image_asked_about_many_times_is_loaded_once(loaded: VisionLoaded, m
     from omlx_jobs.jobs import fetch
     from omlx_jobs.jobs.images import ImageSourceError
     from omlx_jobs.worker.prompts import ImageError
-    from omlx_jobs.worker.vision.media import ImageMemo
+    from omlx_jobs.worker.vision.inputs.media import ImageMemo
 
     calls: list[str] = []
 

@@ -19,8 +19,8 @@ from omlx_jobs.worker import loading  # noqa: E402
 from omlx_jobs.worker.engine.config import EngineConfig  # noqa: E402
 from omlx_jobs.worker.engine.loop import Engine  # noqa: E402
 from omlx_jobs.worker.engine.sequence import WorkItem  # noqa: E402
+from omlx_jobs.worker.vision.inputs.media import vision_prompt  # noqa: E402
 from omlx_jobs.worker.vision.loaded import VisionLoaded  # noqa: E402
-from omlx_jobs.worker.vision.media import vision_prompt  # noqa: E402
 from omlx_jobs.worker.vision.model import template_text  # noqa: E402
 from tests.test_vision import generate_text  # noqa: E402
 from tests.test_vision_engine import N_TOKENS, chat, png, run  # noqa: E402

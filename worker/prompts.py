@@ -122,4 +122,4 @@ class PromptError(OmlxError):
 
 
 class ImageError(PromptError):
-    """A request whose image cannot be used (vision/images.IMAGE_ERROR_CODES); the message says what to do."""
+    """A request whose image cannot be used (vision/inputs/images.IMAGE_ERROR_CODES); the message says what to do."""

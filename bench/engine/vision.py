@@ -185,7 +185,7 @@ def random_gemma3(root: Path, name: str, dtype: str | None) -> Any:
 def make_job(side: int, max_tokens: int, n_images: int = 8, per_image: int = 8) -> Job:
     from PIL import Image
 
-    from omlx_jobs.worker.vision import images
+    from omlx_jobs.worker.vision.inputs import images
 
     pics, pngs = [], []
     for k in range(n_images):
@@ -228,7 +228,7 @@ def run_engine(loaded: Any, job: Job, batch: int, prefix_cache: bool, features: 
     from omlx_jobs.worker.engine.loop import Engine
     from omlx_jobs.worker.engine.sequence import WorkItem
     from omlx_jobs.worker.vision.feature_cache import FeatureCache
-    from omlx_jobs.worker.vision.media import ImageMemo
+    from omlx_jobs.worker.vision.inputs.media import ImageMemo
 
     vm = loaded.vision
     vm.features = FeatureCache() if features else FeatureCache(max_bytes=0)

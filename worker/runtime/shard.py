@@ -230,7 +230,7 @@ def work_items(
 
 
 def _fetching_ahead(engine: EngineLike, pages: Iterable[list[PendingRequest]]) -> Iterator[list[PendingRequest]]:
-    """The pages, each one's remote images fetched several at once as it is read (vision/prefetch.py)."""
+    """The pages, each one's remote images fetched several at once as it is read (vision/inputs/prefetch.py)."""
     want = getattr(engine.loaded, "want_images", None)
     for page in pages:
         if want is not None:

@@ -24,7 +24,7 @@ from omlx_jobs.worker.cache.positioned import breaks_of, positioned
 from omlx_jobs.worker.cache.prefix_cache import Entry, Match, PrefixCache
 from omlx_jobs.worker.prompts import Prompt
 from omlx_jobs.worker.vision import prefill as image_prefill
-from omlx_jobs.worker.vision.media import has_media, media_end, vision_prompt
+from omlx_jobs.worker.vision.inputs.media import has_media, media_end, vision_prompt
 from omlx_jobs.worker.vision.model import VisionModel
 
 

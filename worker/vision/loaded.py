@@ -15,10 +15,10 @@ from omlx_jobs.worker.models.loaded import LoadedModel
 from omlx_jobs.worker.models.paths import ModelLoadError, context_length_of, model_identity
 from omlx_jobs.worker.prompts import Prompt
 from omlx_jobs.worker.vision.backend import VisionBackend
-from omlx_jobs.worker.vision.images import DEFAULT_LIMITS, ImageLimits, fetch
-from omlx_jobs.worker.vision.media import Fetcher, ImageMedia, ImageMemo, ImageRef
+from omlx_jobs.worker.vision.inputs.images import DEFAULT_LIMITS, ImageLimits, fetch
+from omlx_jobs.worker.vision.inputs.media import Fetcher, ImageMedia, ImageMemo, ImageRef
+from omlx_jobs.worker.vision.inputs.prefetch import RemotePrefetch, is_remote
 from omlx_jobs.worker.vision.model import VisionModel, template_text
-from omlx_jobs.worker.vision.prefetch import RemotePrefetch, is_remote
 
 
 @dataclass(frozen=True, eq=False)

@@ -56,7 +56,7 @@ from omlx_jobs.worker.prompts import ImageError, PromptError
 from omlx_jobs.worker.vision.families import Family, family_of
 from omlx_jobs.worker.vision.families.base import ImageFeatures
 from omlx_jobs.worker.vision.feature_cache import FeatureCache
-from omlx_jobs.worker.vision.images import DEFAULT_LIMITS, DecodedImage, ImageLimits, load_image
+from omlx_jobs.worker.vision.inputs.images import DEFAULT_LIMITS, DecodedImage, ImageLimits, load_image
 from omlx_jobs.worker.vision.prompt import ImageSpan, VisionPrompt, expand_image_tokens
 
 

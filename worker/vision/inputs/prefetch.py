@@ -11,7 +11,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from omlx_jobs.jobs.images import ImageAccess
-from omlx_jobs.worker.vision.images import fetch
+from omlx_jobs.worker.vision.inputs.images import fetch
 
 
 def is_remote(url: str) -> bool:

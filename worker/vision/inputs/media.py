@@ -17,7 +17,7 @@ from typing import Any
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.images import ImageAccess
 from omlx_jobs.worker.prompts import ImageError, MediaSpan, Prompt
-from omlx_jobs.worker.vision.images import DEFAULT_LIMITS, DecodedImage, ImageLimits, decode, fetch
+from omlx_jobs.worker.vision.inputs.images import DEFAULT_LIMITS, DecodedImage, ImageLimits, decode, fetch
 from omlx_jobs.worker.vision.prompt import ImageSpan, VisionPrompt
 
 Fetcher = Callable[[str, ImageAccess], bytes]
