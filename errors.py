@@ -49,6 +49,10 @@ class ErrorCode(str, Enum):
     INVALID_PROMPT = "invalid_prompt"
     NO_CHAT_TEMPLATE = "no_chat_template"
     CHAT_TEMPLATE_ERROR = "chat_template_error"
+    # Embeddings (worker/embeddings/): a request of the other kind than the model, or dimensions it cannot give.
+    NOT_AN_EMBEDDING_MODEL = "not_an_embedding_model"
+    EMBEDDING_MODEL_ONLY = "embedding_model_only"
+    DIMENSIONS_NOT_SUPPORTED = "dimensions_not_supported"
     # An image that decodes badly or cannot be fetched at run time (worker/images.py), or a text-only model.
     TRUNCATED_IMAGE = "truncated_image"
     IMAGE_TOO_MANY_PIXELS = "image_too_many_pixels"
@@ -84,6 +88,8 @@ class FinishReason(str, Enum):
     """An end-of-sequence token or a stop string."""
     LENGTH = "length"
     """max_tokens, or the model's context, reached."""
+    EMBEDDED = "embedded"
+    """An embeddings request: its vectors were computed (no text was generated)."""
 
     def __str__(self) -> str:
         return self.value

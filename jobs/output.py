@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from omlx_jobs.errors import SERVER_ERROR_CODES, ErrorCode
+from omlx_jobs.jobs import embeddings
 from omlx_jobs.jobs.formats import CHAT_URL
 from omlx_jobs.jobs.jsonl import dumps_line
 from omlx_jobs.jobs.logprobs import choice_logprobs
@@ -46,7 +47,9 @@ def _choices(row: Any) -> list[tuple[str, str | None]]:
 
 
 def response_body(row: Any, model: str) -> dict[str, Any]:
-    """The `chat.completion` or `text_completion` object of a completed request."""
+    """The `chat.completion`, `text_completion` or embeddings `list` object of a completed request."""
+    if embeddings.is_embeddings(row.endpoint):
+        return embeddings.response_body(row, model)
     created = int(row.finished_at or 0)
     # Stored logprobs (worker/logprobs.py) only where they were asked for; every other choice says null.
     # getattr: rows read without that column (older exports, tests' stand-ins) have none.

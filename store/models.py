@@ -91,6 +91,8 @@ class Request(Base):
     finish_reason: Mapped[str | None] = mapped_column(String(16), default=None)
     # Logprobs when asked for (logprobs, echo), in worker/logprobs.py's stored form; NULL otherwise.
     logprobs: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    # An embeddings request's vectors as float32 bytes (store/vectors.py); NULL for every other request.
+    vectors: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
     cached_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
     completion_tokens: Mapped[int | None] = mapped_column(Integer, default=None)

@@ -20,6 +20,8 @@ class CompletionRow:
     """Choices after the first, for n > 1: [{"text": ..., "finish_reason": ...}, ...]."""
     logprobs: dict[str, Any] | None = None
     """Only when the request asked for logprobs or echo: the stored form of worker/logprobs.py."""
+    vectors: bytes | None = None
+    """Only for an embeddings request: its vectors in store/vectors.py's form."""
     started_at: float | None = None
     """When the request first started; kept if the row already has one."""
 

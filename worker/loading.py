@@ -12,6 +12,9 @@ import json
 from pathlib import Path
 
 from omlx_jobs.jobs.images import ImageAccess
+from omlx_jobs.worker.embeddings.engine import EmbeddingEngine
+from omlx_jobs.worker.embeddings.model import EmbeddingModel, load_embedding
+from omlx_jobs.worker.embeddings.pooling import is_embedding_model
 from omlx_jobs.worker.engine.config import EngineConfig
 from omlx_jobs.worker.engine.loop import Engine
 from omlx_jobs.worker.models.loaded import LoadedModel, load_text
@@ -27,6 +30,8 @@ def load(
     """Load weights and tokenizer once per worker: a text model with mlx_lm.load, a vision model (its config says
     so) with mlx-vlm, reading images only as `images` (an ImageAccess: this worker's allowed folders) allows."""
     path = resolve_model_path(ref, cache_root=cache_root)
+    if is_embedding_model(path):  # a sentence-transformers model (it has a Pooling module): embeddings only
+        return load_embedding(ref, path, context_length=context_length)
     if is_vision(path):
         return load_vision(ref, path, context_length=context_length, images=images)
     return load_text(ref, path, context_length=context_length)
@@ -44,9 +49,11 @@ def is_vision(path: Path) -> bool:
     return vision_model_type(config) is not None
 
 
-def engine_for(loaded: LoadedModel, config: EngineConfig | None = None) -> Engine | SerialEngine:
-    """The engine that runs this model: the batching Engine, or the serial one for a vision family that cannot
-    batch (vision.model.BATCHED)."""
+def engine_for(loaded: LoadedModel, config: EngineConfig | None = None) -> Engine | SerialEngine | EmbeddingEngine:
+    """The engine that runs this model: the embedding engine for an embedding model, the batching Engine, or the
+    serial one for a vision family that cannot batch (vision.model.BATCHED)."""
+    if isinstance(loaded, EmbeddingModel):
+        return EmbeddingEngine(loaded, config)
     if loaded.vision is not None and not loaded.vision.batched:
         return SerialEngine(loaded, config)
     return Engine(loaded, config)
@@ -58,6 +65,6 @@ def load_engine(
     *,
     context_length: int | None = None,
     images: ImageAccess | None = None,
-) -> Engine | SerialEngine:
+) -> Engine | SerialEngine | EmbeddingEngine:
     """Load the model a --model string names and return the engine that runs it."""
     return engine_for(load(model, context_length=context_length, images=images), config)

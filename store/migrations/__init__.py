@@ -5,4 +5,4 @@ when a store opens; add a revision here and bump HEAD with it.
 """
 
 BASELINE = "0001_baseline"
-HEAD = "0006_live_ticks"
+HEAD = "0007_embeddings"
