@@ -1,5 +1,5 @@
-"""Embedding requests, the client side: `/v1/embeddings` bodies validated and normalized, and their output bodies
-rendered from stored vectors (store/vectors.py). Pure: no Redis, SQL or MLX.
+"""Embedding requests, the client side: `/v1/embeddings` bodies validated and normalized (their output bodies are
+jobs/output.py's, from the stored vectors of store/vectors.py). Pure: no Redis, SQL or MLX.
 
 A normalized body is {"input": [item, ...]} (each item a string or a list of token ids, whatever form the line
 used), plus "encoding_format": "base64" and "dimensions": N when given. Item limits that need the model (its
@@ -8,12 +8,10 @@ context, its vocabulary, whether it declares Matryoshka dimensions) are checked 
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.errors import BadValue, check_text, describe
-from omlx_jobs.store.vectors import StoredVectors
 
 EMBEDDINGS_URL = "/v1/embeddings"
 MAX_INPUTS = 2048
@@ -114,14 +112,3 @@ def _ids(value: list[int], name: str) -> list[int]:
 def canonical_text(body: dict[str, Any]) -> str:
     """The embedding request as sort-key text (jobs/sharding.py): "e", then its items."""
     return "e\x1d" + "\x1e".join(i if isinstance(i, str) else ",".join(map(str, i)) for i in body.get("input") or [])
-
-
-def response_body(row: Any, model: str) -> dict[str, Any]:
-    """OpenAI's embeddings response of a completed request, its vectors as floats or base64 as it asked."""
-    stored = StoredVectors.decode(row.vectors)
-    data = []
-    for i in range(stored.count):
-        vector: Any = base64.b64encode(stored.vector_bytes(i)).decode("ascii") if stored.base64 else stored.vector(i)
-        data.append({"object": "embedding", "index": i, "embedding": vector})
-    prompt = row.prompt_tokens or 0
-    return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": prompt, "total_tokens": prompt}}

@@ -43,6 +43,7 @@ from omlx_jobs.jobs.params import (
 from omlx_jobs.jobs.parts import parse_content
 
 ENDPOINTS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL)
+_URLS = f"{CHAT_URL}, {COMPLETIONS_URL} or {EMBEDDINGS_URL}"
 MAX_CUSTOM_ID_CHARS = 512
 ROLES = ("system", "developer", "user", "assistant")
 NO_FILES = ImageAccess()  # data: URIs only; no local files, no remote URLs
@@ -269,11 +270,9 @@ def _openai_line(obj: dict[str, Any], images: ImageAccess) -> tuple[str, dict[st
         raise BadValue(ErrorCode.UNSUPPORTED_METHOD, "method", f'must be "POST", got {shown(method)}')
     url = obj.get("url")
     if url is None:
-        raise BadValue(ErrorCode.MISSING_FIELD, "url", f"is missing; use one of {', '.join(ENDPOINTS)}")
+        raise BadValue(ErrorCode.MISSING_FIELD, "url", f"is missing; use {_URLS}")
     if url not in ENDPOINTS:
-        raise BadValue(
-            ErrorCode.UNSUPPORTED_URL, "url", f"unsupported url {shown(url)}; use one of {', '.join(ENDPOINTS)}"
-        )
+        raise BadValue(ErrorCode.UNSUPPORTED_URL, "url", f"unsupported url {shown(url)}; use {_URLS}")
     body = obj.get("body")
     if body is None:
         raise BadValue(
@@ -324,8 +323,8 @@ def _shorthand_line(obj: dict[str, Any], images: ImageAccess) -> tuple[str, dict
     raise BadValue(
         ErrorCode.MISSING_FIELD,
         None,
-        'a line needs "prompt", "messages" or "input" (shorthand), or custom_id, method, url and body (OpenAI batch '
-        "format)",
+        'a line needs "prompt" or "messages" (shorthand; "input" for embeddings), or custom_id, method, url and body '
+        "(OpenAI batch format)",
     )
 
 

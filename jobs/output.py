@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -11,6 +12,7 @@ from omlx_jobs.jobs.formats import CHAT_URL
 from omlx_jobs.jobs.jsonl import dumps_line
 from omlx_jobs.jobs.logprobs import choice_logprobs
 from omlx_jobs.store.rows import RESULT_COLUMNS
+from omlx_jobs.store.vectors import StoredVectors
 
 # The request columns an output line reads: export asks the store for these only (never the prompt bodies).
 # A new result column (store/rows.py) is read without a change here.
@@ -46,10 +48,21 @@ def _choices(row: Any) -> list[tuple[str, str | None]]:
     return [first, *((c.get("text", ""), c.get("finish_reason")) for c in row.more_choices)]
 
 
+def embeddings_body(row: Any, model: str) -> dict[str, Any]:
+    """OpenAI's embeddings response of a completed request, its vectors as floats or base64 as it asked."""
+    stored = StoredVectors.decode(row.vectors)
+    data = []
+    for i in range(stored.count):
+        vector: Any = base64.b64encode(stored.vector_bytes(i)).decode("ascii") if stored.base64 else stored.vector(i)
+        data.append({"object": "embedding", "index": i, "embedding": vector})
+    prompt = row.prompt_tokens or 0
+    return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": prompt, "total_tokens": prompt}}
+
+
 def response_body(row: Any, model: str) -> dict[str, Any]:
     """The `chat.completion`, `text_completion` or embeddings `list` object of a completed request."""
     if embeddings.is_embeddings(row.endpoint):
-        return embeddings.response_body(row, model)
+        return embeddings_body(row, model)
     created = int(row.finished_at or 0)
     # Stored logprobs (worker/logprobs.py) only where they were asked for; every other choice says null.
     # getattr: rows read without that column (older exports, tests' stand-ins) have none.

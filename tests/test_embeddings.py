@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from omlx_jobs.errors import ErrorCode, FinishReason
-from omlx_jobs.jobs.embeddings import EMBEDDINGS_URL, response_body
+from omlx_jobs.jobs.embeddings import EMBEDDINGS_URL
 from omlx_jobs.jobs.formats import parse_line
+from omlx_jobs.jobs.output import embeddings_body
 from omlx_jobs.store.vectors import StoredVectors
 from omlx_jobs.worker.embeddings.engine import EmbeddingEngine
 from omlx_jobs.worker.embeddings.model import EmbeddingModel
@@ -93,12 +94,12 @@ def test_dimensions_truncate_and_renormalise(embedder: EmbeddingEngine) -> None:
 def test_base64_decodes_to_the_float_vector(embedder: EmbeddingEngine) -> None:
     floats, b64 = embed(embedder, [{"input": TEXTS[:2]}, {"input": TEXTS[:2], "encoding_format": "base64"}])
     row = SimpleNamespace(vectors=b64.encode(), prompt_tokens=7)
-    body = response_body(row, "tiny")
+    body = embeddings_body(row, "tiny")
     for i in range(2):
         decoded = np.frombuffer(base64.b64decode(body["data"][i]["embedding"]), dtype="<f4")
         np.testing.assert_array_equal(decoded, np.array(b64.vector(i), dtype="<f4"))  # exactly the stored float32
         np.testing.assert_allclose(decoded, floats.vector(i), atol=1e-6)
-    plain = response_body(SimpleNamespace(vectors=floats.encode(), prompt_tokens=7), "tiny")
+    plain = embeddings_body(SimpleNamespace(vectors=floats.encode(), prompt_tokens=7), "tiny")
     assert plain["data"][1]["embedding"] == floats.vector(1) and plain["usage"]["total_tokens"] == 7
 
 

@@ -73,7 +73,7 @@ ERRORS = [
     # method, url, body
     (batch({"messages": [USER]}).replace('"POST"', '"post"'), "method", "unsupported_method", 'got "post"'),
     (json.dumps({"custom_id": "r1", "url": CHAT_URL, "body": {}}), "method", "missing_field", '"POST"'),
-    (batch({"input": "a"}, url="/v1/embeddings"), "url", "unsupported_url", 'url "/v1/embeddings"'),
+    (batch({"input": "a"}, url="/v1/responses"), "url", "unsupported_url", 'url "/v1/responses"'),
     (batch({"messages": [USER]}, url="v1/chat/completions"), "url", "unsupported_url", "use /v1/chat/completions"),
     (json.dumps({"custom_id": "r1", "method": "POST", "body": {}}), "url", "missing_field", "is missing"),
     (json.dumps({"custom_id": "r1", "method": "POST", "url": CHAT_URL}), "body", "missing_field", "is missing"),
