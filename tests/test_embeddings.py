@@ -1,7 +1,8 @@
-"""Embeddings on a tiny random decoder (qwen3 through mlx-lm) with a sentence-transformers pooling config written
-here: batched vectors equal one-at-a-time vectors and a reference from the model's own forward pass and the
-declared pooling; dimensions truncates and renormalises; base64 decodes to the float vector; requests of the
-wrong kind, over-long items and undeclared dimensions fail alone with typed errors."""
+"""Embeddings on a tiny random decoder (qwen3 through mlx-lm) and a tiny random BERT (through mlx-embeddings), with
+a sentence-transformers pooling config written here: batched vectors equal one-at-a-time vectors and a reference
+from the model's own forward pass and the declared pooling; dimensions truncates and renormalises; base64
+decodes to the float vector; requests of the wrong kind, over-long items and undeclared dimensions fail alone
+with typed errors."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from omlx_jobs.worker.engine.results import completion_row
 from omlx_jobs.worker.engine.sequence import WorkItem
 from omlx_jobs.worker.loading import engine_for, load
 from omlx_jobs.worker.prompts import PromptError
-from tests.tiny_embedding import build_tiny_embedding
+from tests.tiny_embedding import build_tiny_bert, build_tiny_embedding
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -133,3 +134,29 @@ def test_dimensions_need_a_model_that_declares_matryoshka(tmp_path: Path) -> Non
     assert exc.value.code is ErrorCode.DIMENSIONS_NOT_SUPPORTED and "Matryoshka" in exc.value.message
     prompt = loaded.prompt(EMBEDDINGS_URL, {"input": ["ok"]})
     assert list(prompt.items[0]) == loaded.tokenizer.encode("Query: ok")  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module", params=["mean", "cls"])
+def bert_engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> EmbeddingEngine:
+    path = build_tiny_bert(tmp_path_factory.mktemp(f"bert-{request.param}"), pooling=request.param)
+    engine = engine_for(load(str(path)))
+    assert isinstance(engine, EmbeddingEngine) and not engine.loaded.causal  # mlx-embeddings' BERT
+    return engine
+
+
+def test_a_tiny_bert_batches_like_one_at_a_time_and_its_reference(bert_engine: EmbeddingEngine) -> None:
+    loaded = bert_engine.loaded
+    together = embed(bert_engine, [{"input": TEXTS}])[0]
+    for i, text in enumerate(TEXTS):
+        ids = loaded.tokenizer.encode(text)
+        hidden = np.array(loaded.model(mx.array([ids])).last_hidden_state[0])  # its forward pass, alone
+        ref = hidden[0] if loaded.embedding.pooling == "cls" else hidden.mean(axis=0)
+        alone = embed(bert_engine, [{"input": text}])[0]
+        np.testing.assert_allclose(together.vector(i), alone.vector(0), atol=2e-5)
+        np.testing.assert_allclose(together.vector(i), ref / np.linalg.norm(ref), atol=2e-5)
+    if loaded.embedding.pooling == "mean":  # mlx-embeddings' own batch call pools the same way (mean, normalized)
+        batch = loaded.tokenizer(TEXTS, padding=True, return_tensors="np")
+        out = loaded.model(mx.array(batch["input_ids"]), attention_mask=mx.array(batch["attention_mask"]))
+        own = np.array(out.text_embeds)
+        for i in range(len(TEXTS)):
+            np.testing.assert_allclose(together.vector(i), own[i], atol=2e-5)

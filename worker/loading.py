@@ -10,10 +10,12 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 from omlx_jobs.jobs.images import ImageAccess
+from omlx_jobs.worker.embeddings.encoder import is_encoder, load_encoder
 from omlx_jobs.worker.embeddings.engine import EmbeddingEngine
-from omlx_jobs.worker.embeddings.model import EmbeddingModel, load_embedding
+from omlx_jobs.worker.embeddings.model import EmbeddingModel, load_decoder
 from omlx_jobs.worker.embeddings.pooling import is_embedding_model
 from omlx_jobs.worker.engine.config import EngineConfig
 from omlx_jobs.worker.engine.loop import Engine
@@ -35,6 +37,23 @@ def load(
     if is_vision(path):
         return load_vision(ref, path, context_length=context_length, images=images)
     return load_text(ref, path, context_length=context_length)
+
+
+def load_embedding(ref: str, path: Path, *, context_length: int | None = None) -> EmbeddingModel:
+    """An embedding model: an encoder family (BERT, XLM-RoBERTa, ModernBERT) through mlx-embeddings, any other
+    (a decoder: Qwen3-Embedding, gte-Qwen, e5-mistral) through mlx-lm."""
+    config = _config(path)
+    if is_encoder(config):
+        return load_encoder(ref, path, config, context_length=context_length)
+    return load_decoder(ref, path, context_length=context_length)
+
+
+def _config(path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def is_vision(path: Path) -> bool:

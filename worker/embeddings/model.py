@@ -90,11 +90,6 @@ class EmbeddingModel(LoadedModel):
             )
 
 
-def load_embedding(ref: str, path: Path, *, context_length: int | None = None) -> EmbeddingModel:
-    """An embedding model: an encoder family (encoder.ENCODER_TYPES) through mlx-embeddings, else a decoder."""
-    return load_decoder(ref, path, context_length=context_length)
-
-
 def load_decoder(ref: str, path: Path, *, context_length: int | None = None) -> EmbeddingModel:
     """A decoder embedding model through mlx_lm.load: hidden states from its `.model` call (before lm_head)."""
     config = read_config(path)
