@@ -5,6 +5,8 @@ validated by its CreateEmbeddingResponse; a chat line in the same file is refuse
 from __future__ import annotations
 
 import base64
+import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from openai.types import CreateEmbeddingResponse
 
 from omlx_jobs.store.vectors import StoredVectors
 from tests.api_harness import chat_line, live_server, openai_client, write_lines
-from tests.test_api import Env, jsonl, upload, wait_for
+from tests.test_api import KEY, Env, jsonl, upload, wait_for
 from tests.tiny_embedding import build_tiny_embedding
 
 EMBED = "/v1/embeddings"
@@ -24,6 +26,12 @@ EMBED = "/v1/embeddings"
 
 def embed_line(i: int, **body: Any) -> dict[str, Any]:
     return {"custom_id": f"e-{i}", "method": "POST", "url": EMBED, "body": {"model": "tiny", **body}}
+
+
+def page_json(server: str, path: str) -> Any:
+    req = urllib.request.Request(f"{server}{path}", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +67,12 @@ def test_a_serve_batch_of_embeddings_validates_with_the_openai_client(env: Env) 
         assert done.output_file_id and done.error_file_id
         results = jsonl(client.files.content(done.output_file_id).text)
         errors = jsonl(client.files.content(done.error_file_id).text)
+        page = wait_for(  # the page: outcomes counted as "embedded", a request row previewed as embeddings
+            "outcomes", lambda: (j := page_json(server, f"/api/jobs/{batch.id}")).get("outcomes") and j
+        )
+        rows = page_json(server, f"/api/jobs/{batch.id}/requests")
+    assert page["outcomes"] == {"embedded": 4, "context_length_exceeded": 1}
+    assert "3 input(s): good morning" in json.dumps(rows)
     assert [r["custom_id"] for r in results] == ["e-0", "e-1", "e-2", "e-3"]
     raw = results[2]["response"]["body"]["data"][0]["embedding"]  # base64, as asked
     for d in results[2]["response"]["body"]["data"]:  # decoded as the client's embeddings.create decodes base64
