@@ -59,6 +59,23 @@ def embeddings_body(row: Any, model: str) -> dict[str, Any]:
     return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": prompt, "total_tokens": prompt}}
 
 
+_FLOAT32 = "%.9g".__mod__  # 9 significant digits: every float32 reads back exactly, in ~60% of repr's text
+
+
+def _embeddings_text(obj: dict[str, Any], row: Any) -> str:
+    """The output line of a completed float embeddings request: each vector written as float32 text (2x faster
+    than json's float repr). Each `"embedding"` holds its index as a stand-in here, replaced by its vector's text:
+    `"embedding": 3}` cannot occur inside a JSON string (a quote there is escaped), so only ours match."""
+    stored = StoredVectors.decode(row.vectors)
+    for d in obj["response"]["body"]["data"]:
+        d["embedding"] = d["index"]
+    text = dumps_line(obj)
+    for i in range(stored.count):
+        values = ",".join(map(_FLOAT32, stored.vector(i)))
+        text = text.replace(f'"embedding": {i}}}', f'"embedding": [{values}]}}', 1)
+    return text
+
+
 def response_body(row: Any, model: str) -> dict[str, Any]:
     """The `chat.completion`, `text_completion` or embeddings `list` object of a completed request."""
     if embeddings.is_embeddings(row.endpoint):
@@ -170,4 +187,7 @@ def output_lines(
             continue
         run_id = getattr(row, "run_id", None)
         obj, is_error = output_line(row, job_id, models.get(run_id, model) if run_id is not None else model)
+        if not is_error and embeddings.is_embeddings(row.endpoint) and not StoredVectors.decode(row.vectors).base64:
+            yield _embeddings_text(obj, row), False
+            continue
         yield dumps_line(obj), is_error

@@ -78,3 +78,29 @@ def test_a_file_is_embeddings_or_generation_not_both() -> None:
 
 def test_embeddings_sort_apart_from_prompts_of_the_same_text() -> None:
     assert request_key(EMBEDDINGS_URL, {"input": ["same"]}) != request_key("/v1/completions", {"prompt": "same"})
+
+
+def test_float_output_lines_hold_every_float32_exactly() -> None:
+    import math
+    from array import array
+    from types import SimpleNamespace
+
+    from omlx_jobs.jobs.output import output_lines, response_body
+    from omlx_jobs.store.vectors import StoredVectors
+
+    vectors = [[0.1, -1e-7, 3.4e38, 0.0], [1 / 3, -2.5, 1e-30, 7.0]]
+    stored = StoredVectors.from_floats(vectors)
+    hostile = 'x"embedding": 0}\\"embedding": 1}'  # our stand-in's text inside a user string stays as it is
+    row = SimpleNamespace(
+        id=1, idx=0, custom_id=hostile, endpoint=EMBEDDINGS_URL, status="completed", vectors=stored.encode(),
+        prompt_tokens=3, run_id=None, finished_at=0,
+    )  # fmt: skip
+    ((text, is_error),) = output_lines([row], "job", "m")
+    line = json.loads(text)
+    assert not is_error and line["custom_id"] == hostile
+    generic = response_body(row, "m")
+    for i in range(2):  # the same object as the generic path, each value the same float32
+        got = line["response"]["body"]["data"][i].pop("embedding")
+        assert array("f", got).tolist() == generic["data"][i].pop("embedding") == stored.vector(i)
+        assert all(math.isfinite(v) for v in got)
+    assert line["response"]["body"] == generic
