@@ -131,6 +131,7 @@ INPUT_ERROR_CODES = frozenset(
         ErrorCode.IMAGE_PATH_NOT_ALLOWED,
         ErrorCode.REMOTE_IMAGES_DISABLED,
         ErrorCode.IMAGE_HOST_NOT_ALLOWED,
+        ErrorCode.DIMENSIONS_NOT_SUPPORTED,  # at submit when --model is a local embedding model (else at run time)
     }
 )
 

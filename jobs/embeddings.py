@@ -8,10 +8,15 @@ context, its vocabulary, whether it declares Matryoshka dimensions) are checked 
 
 from __future__ import annotations
 
+import json
+import os
+import re
+from pathlib import Path
 from typing import Any
 
 from omlx_jobs.errors import ErrorCode
-from omlx_jobs.jobs.errors import BadValue, check_text, describe
+from omlx_jobs.jobs.errors import BadValue, InputError, check_text, describe
+from omlx_jobs.jobs.model_names import resolved
 
 EMBEDDINGS_URL = "/v1/embeddings"
 MAX_INPUTS = 2048
@@ -112,3 +117,40 @@ def _ids(value: list[int], name: str) -> list[int]:
 def canonical_text(body: dict[str, Any]) -> str:
     """The embedding request as sort-key text (jobs/sharding.py): "e", then its items."""
     return "e\x1d" + "\x1e".join(i if isinstance(i, str) else ",".join(map(str, i)) for i in body.get("input") or [])
+
+
+_MATRYOSHKA = re.compile(r"matryoshka|\bMRL\b", re.IGNORECASE)
+
+
+def declares_matryoshka(path: Path) -> bool:
+    """Whether a model directory declares Matryoshka dimensions: `"matryoshka_dims"` in
+    config_sentence_transformers.json, or Matryoshka (a MatryoshkaLoss tag, "MRL") named in its README.md."""
+    try:
+        st = json.loads((path / "config_sentence_transformers.json").read_text())
+    except (OSError, ValueError):
+        st = None
+    if isinstance(st, dict) and st.get("matryoshka_dims"):
+        return True
+    try:
+        return bool(_MATRYOSHKA.search((path / "README.md").read_text(errors="replace")[:200_000]))
+    except OSError:
+        return False
+
+
+def dimensions_refusal(model: str) -> str | None:
+    """Why `dimensions` cannot run on `model`, when submit can tell: it is a local sentence-transformers model
+    directory (modules.json) that declares no Matryoshka dimensions. None when it may, or nobody knows here."""
+    path = Path(os.path.expanduser(resolved(model)))
+    if not (path / "modules.json").is_file() or declares_matryoshka(path):
+        return None
+    return (
+        f"{model} declares no Matryoshka dimensions, so its vectors cannot be truncated; drop dimensions "
+        "(or use a model whose config_sentence_transformers.json lists matryoshka_dims)"
+    )
+
+
+def refuse_dimensions(line: int, custom_id: str, body: dict[str, Any], why: str | None) -> InputError | None:
+    """The line error of an embeddings request asking for dimensions that submit already knows it cannot get."""
+    if why is None or "dimensions" not in body:
+        return None
+    return InputError(line, why, field="dimensions", custom_id=custom_id, code=ErrorCode.DIMENSIONS_NOT_SUPPORTED)

@@ -104,3 +104,23 @@ def test_float_output_lines_hold_every_float32_exactly() -> None:
         assert array("f", got).tolist() == generic["data"][i].pop("embedding") == stored.vector(i)
         assert all(math.isfinite(v) for v in got)
     assert line["response"]["body"] == generic
+
+
+def test_submit_refuses_dimensions_for_a_local_model_that_declares_none(tmp_path: Any) -> None:
+    from omlx_jobs.jobs.submit import load_job
+    from omlx_jobs.store import open_store
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "modules.json").write_text("[]")
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"input": "a"}) + "\n" + json.dumps({"input": "b", "dimensions": 8}) + "\n")
+    store = open_store(url=f"sqlite:///{tmp_path / 'db.sqlite'}")
+    refused = load_job(store, src, str(model))
+    assert refused.rejected and [(e.line, e.code, e.field) for e in refused.errors] == [
+        (2, ErrorCode.DIMENSIONS_NOT_SUPPORTED, "dimensions")
+    ]
+    (model / "config_sentence_transformers.json").write_text(json.dumps({"matryoshka_dims": [8]}))
+    assert not load_job(store, src, str(model)).rejected  # it declares them now
+    assert not load_job(store, src, "some/hub-model").rejected  # unknown here: the worker decides
+    store.close()

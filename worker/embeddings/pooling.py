@@ -3,17 +3,18 @@
 `Normalize` module says unit length; `config_sentence_transformers.json` holds the instruction prompts (the one
 named `default_prompt_name` is prefixed to every input). Pure: json only, no MLX.
 
-A model declares Matryoshka dimensions (`dimensions` may truncate it) with `"matryoshka_dims"` in
-config_sentence_transformers.json, or by naming Matryoshka (a MatryoshkaLoss tag, "MRL") in its README.md.
+Whether a model declares Matryoshka dimensions (`dimensions` may truncate it) is jobs/embeddings.py's
+`declares_matryoshka`: submit checks it too, when --model is a local directory.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from omlx_jobs.jobs.embeddings import declares_matryoshka
 
 POOLING_MODULE = "sentence_transformers.models.Pooling"
 NORMALIZE_MODULE = "sentence_transformers.models.Normalize"
@@ -23,7 +24,6 @@ _MODE_KEYS = {
     "mean": "pooling_mode_mean_tokens",
     "cls": "pooling_mode_cls_token",
 }
-_MATRYOSHKA = re.compile(r"matryoshka|\bMRL\b", re.IGNORECASE)
 
 
 class PoolingConfigError(ValueError):
@@ -85,12 +85,5 @@ def read_config(path: Path) -> EmbeddingConfig:
         pooling=modes[0] if modes else "mean",  # sentence-transformers' own default
         normalize=normalize,
         prefix=str(prefix),
-        matryoshka=bool(st.get("matryoshka_dims")) or _readme_says_matryoshka(path),
+        matryoshka=declares_matryoshka(path),
     )
-
-
-def _readme_says_matryoshka(path: Path) -> bool:
-    try:
-        return bool(_MATRYOSHKA.search((path / "README.md").read_text(errors="replace")[:200_000]))
-    except OSError:
-        return False
