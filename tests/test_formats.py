@@ -201,6 +201,7 @@ def test_errors_cover_every_parse_code() -> None:
     from_files = {"invalid_encoding", "line_too_long", "duplicate_custom_id", "empty_file", "invalid_request"}
     from_files |= {"image_not_found", "image_too_large"}  # tests/test_image_parts.py, with real files
     from_files |= {"image_host_not_allowed"}  # tests/data/bad, with remote images on
+    from_files |= {"dimensions_not_supported"}  # tests/test_embeddings_lines.py, with a local model folder
     assert seen | from_files == INPUT_ERROR_CODES
 
 
