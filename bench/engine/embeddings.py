@@ -106,7 +106,8 @@ def bench_decoder(args: argparse.Namespace) -> dict[str, Any]:
     loaded = embedding_model(args.model, args.dtype)
     rows = inputs(args.inputs, args.min_len, args.max_len, loaded.vocab_size)
     tokens = sum(map(len, rows))
-    run_engine(loaded, rows[: min(8, len(rows))], args.budget, args.max_rows)  # warm-up (compile, buffers)
+    run_engine(loaded, rows[: min(8, len(rows))], args.budget, args.max_rows)  # warm-ups (compile, buffers), both
+    run_loop(loaded, rows[: min(8, len(rows))])
     ours, v_ours = run_engine(loaded, rows, args.budget, args.max_rows)
     loop, v_loop = run_loop(loaded, rows)
     diff = float(np.abs(v_ours - v_loop).max())
