@@ -18,6 +18,10 @@ PREFILL_BATCH_SIZE = 8
 """Prompts prefilled together (--prefill-batch-size)."""
 PREFILL_STEP = 2048
 """Prompt tokens per prefill chunk (--prefill-step)."""
+EMBED_BATCH_TOKENS = 16384
+"""Padded tokens per embedding forward pass (rows x longest row): bounds its activations (worker/embeddings/)."""
+EMBED_BATCH_ROWS = 256
+"""Most inputs in one embedding forward pass."""
 MIN_SHARED_TOKENS = 16
 """Shortest shared prefix worth a warm-up (--min-shared-tokens)."""
 CACHE_MEMORY = 2 * 1024**3

@@ -51,6 +51,10 @@ class ErrorCode(str, Enum):
     INVALID_PROMPT = "invalid_prompt"
     NO_CHAT_TEMPLATE = "no_chat_template"
     CHAT_TEMPLATE_ERROR = "chat_template_error"
+    # Embeddings (worker/embeddings/): a request of the other kind than the model, or dimensions it cannot give.
+    NOT_AN_EMBEDDING_MODEL = "not_an_embedding_model"
+    EMBEDDING_MODEL_ONLY = "embedding_model_only"
+    DIMENSIONS_NOT_SUPPORTED = "dimensions_not_supported"
     # An image that decodes badly or cannot be fetched at run time (worker/images.py), or a text-only model.
     TRUNCATED_IMAGE = "truncated_image"
     IMAGE_TOO_MANY_PIXELS = "image_too_many_pixels"
@@ -92,6 +96,8 @@ class FinishReason(str, Enum):
     """max_tokens, or the model's context, reached."""
     TOOL_CALLS = "tool_calls"
     """The answer is tool calls (set where they are parsed from the output, worker/reasoning/plan.py)."""
+    EMBEDDED = "embedded"
+    """An embeddings request: its vectors were computed (no text was generated)."""
 
     def __str__(self) -> str:
         return self.value
@@ -134,6 +140,7 @@ INPUT_ERROR_CODES = frozenset(
         ErrorCode.REMOTE_IMAGES_DISABLED,
         ErrorCode.IMAGE_HOST_NOT_ALLOWED,
         ErrorCode.IMAGE_REJECTED_BY_PROCESSOR,
+        ErrorCode.DIMENSIONS_NOT_SUPPORTED,  # at submit when --model is a local embedding model (else at run time)
     }
 )
 

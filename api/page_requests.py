@@ -53,6 +53,10 @@ def input_preview(body_text: str | None, body_chars: int | None) -> tuple[str, b
     if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
         last = messages[-1]
         return _cut(f"{last.get('role', '?')}: {_text_of(last.get('content'))}")
+    items = body.get("input")  # an embeddings request: how many items, and the first
+    if isinstance(items, list) and items:
+        first = items[0] if isinstance(items[0], str) else f"[{len(items[0])} token ids]"
+        return _cut(f"{len(items)} input(s): {first}")
     prompt = body.get("prompt")
     if isinstance(prompt, list):
         return f"[{len(prompt)} token ids]", False
@@ -60,6 +64,8 @@ def input_preview(body_text: str | None, body_chars: int | None) -> tuple[str, b
 
 
 def _output_preview(r: Any) -> tuple[str, bool]:
+    if r.status == RequestStatus.COMPLETED and getattr(r, "finish_reason", None) == "embedded":
+        return "embedded (vectors in the output line)", False
     if r.status == RequestStatus.COMPLETED:
         text, cut = _cut(r.output_text or "")
         return text, cut or (r.output_chars or 0) > len(r.output_text or "")

@@ -46,6 +46,13 @@ def _eta_line(s: dict[str, Any]) -> str | None:
     return f"eta        {duration(eta['eta_seconds'])} (about {eta['remaining_tokens']:,} tokens to generate)"
 
 
+def _rate(u: dict[str, Any], t: dict[str, Any]) -> str:
+    """Generated tokens per second; for a job that generates nothing (embeddings), the prompt tokens'."""
+    if u["completion_tokens"] == 0 and u["prompt_tokens"] and "prompt_tokens_per_second" in t:
+        return f"{t['prompt_tokens_per_second']} embedded tok/s"
+    return f"{t['completion_tokens_per_second']} tok/s"
+
+
 def status_lines(s: dict[str, Any]) -> list[str]:
     """`omlx-jobs status`: a job_status() dict (jobs/progress.py) as lines."""
     rc, u, t, p = s["request_counts"], s["usage"], s["throughput"], s["prefix"]
@@ -65,8 +72,7 @@ def status_lines(s: dict[str, Any]) -> list[str]:
     lines += [
         f"tokens     prompt {u['prompt_tokens']} (cached {u['prompt_tokens_details']['cached_tokens']}), "
         f"completion {u['completion_tokens']} (finished requests)",
-        f"throughput {t['completion_tokens_per_second']} tok/s, {t['requests_per_second']} req/s "
-        f"over {t['elapsed_seconds']}s (finished requests)",
+        f"throughput {_rate(u, t)}, {t['requests_per_second']} req/s over {t['elapsed_seconds']}s (finished requests)",
     ]
     eta = _eta_line(s)
     if eta:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from omlx_jobs.errors import ErrorCode
+from omlx_jobs.jobs.embeddings import EMBEDDINGS_URL, is_embeddings, validate_body
 from omlx_jobs.jobs.errors import (
     INPUT_ERROR_CODES,
     BadValue,
@@ -42,7 +43,8 @@ from omlx_jobs.jobs.params import (
 from omlx_jobs.jobs.parts import parse_content
 from omlx_jobs.jobs.tools import tool_message
 
-ENDPOINTS = (CHAT_URL, COMPLETIONS_URL)
+ENDPOINTS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL)
+_URLS = f"{CHAT_URL}, {COMPLETIONS_URL} or {EMBEDDINGS_URL}"
 MAX_CUSTOM_ID_CHARS = 512
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id")
@@ -53,6 +55,7 @@ __all__ = [
     "CHAT_URL",
     "COMPLETIONS_URL",
     "DEFAULT_MAX_TOKENS",
+    "EMBEDDINGS_URL",
     "ENDPOINTS",
     "INPUT_ERROR_CODES",
     "MAX_CUSTOM_ID_CHARS",
@@ -270,11 +273,9 @@ def _openai_line(obj: dict[str, Any], images: ImageAccess) -> tuple[str, dict[st
         raise BadValue(ErrorCode.UNSUPPORTED_METHOD, "method", f'must be "POST", got {shown(method)}')
     url = obj.get("url")
     if url is None:
-        raise BadValue(ErrorCode.MISSING_FIELD, "url", f"is missing; use {CHAT_URL} or {COMPLETIONS_URL}")
+        raise BadValue(ErrorCode.MISSING_FIELD, "url", f"is missing; use {_URLS}")
     if url not in ENDPOINTS:
-        raise BadValue(
-            ErrorCode.UNSUPPORTED_URL, "url", f"unsupported url {shown(url)}; use {CHAT_URL} or {COMPLETIONS_URL}"
-        )
+        raise BadValue(ErrorCode.UNSUPPORTED_URL, "url", f"unsupported url {shown(url)}; use {_URLS}")
     body = obj.get("body")
     if body is None:
         raise BadValue(
@@ -282,6 +283,11 @@ def _openai_line(obj: dict[str, Any], images: ImageAccess) -> tuple[str, dict[st
         )
     if not isinstance(body, dict):
         raise BadValue(ErrorCode.INVALID_TYPE, "body", f"must be an object, got {describe(body)}")
+    if url == EMBEDDINGS_URL:
+        for key in ("messages", "prompt"):
+            if key in body:
+                raise BadValue(ErrorCode.ENDPOINT_MISMATCH, f"body.{key}", f"{EMBEDDINGS_URL} takes input, not {key}")
+        return url, validate_body(body, "body.")
     if url == CHAT_URL:
         if "prompt" in body:
             raise BadValue(
@@ -307,6 +313,10 @@ def _shorthand_line(obj: dict[str, Any], images: ImageAccess) -> tuple[str, dict
     _check_custom_id(obj, required=False)
     rest = {k: v for k, v in obj.items() if k != "custom_id"}
     has_messages, has_prompt = "messages" in rest, "prompt" in rest
+    if "input" in rest:
+        if has_messages or has_prompt:
+            raise BadValue(ErrorCode.CONFLICTING_FIELDS, "input", "give input (embeddings) or prompt / messages")
+        return EMBEDDINGS_URL, validate_body(rest, "")
     if has_messages and has_prompt:
         raise BadValue(ErrorCode.CONFLICTING_FIELDS, "prompt", "give either prompt or messages, not both")
     if has_messages:
@@ -316,7 +326,8 @@ def _shorthand_line(obj: dict[str, Any], images: ImageAccess) -> tuple[str, dict
     raise BadValue(
         ErrorCode.MISSING_FIELD,
         None,
-        'a line needs "prompt" or "messages" (shorthand), or custom_id, method, url and body (OpenAI batch format)',
+        'a line needs "prompt" or "messages" (shorthand; "input" for embeddings), or custom_id, method, url and body '
+        "(OpenAI batch format)",
     )
 
 
@@ -326,6 +337,7 @@ def parse_stream(stream: IO[bytes], images: ImageAccess = NO_FILES) -> Iterator[
     A custom_id counts as taken even on a line that is otherwise invalid, so the output never holds it twice.
     """
     seen: dict[str, int] = {}
+    kind: tuple[bool, int] | None = None  # (embeddings?, line) of the first valid request: a job is one kind
     for line_no, item in iter_lines(stream):
         if isinstance(item, InputError):
             yield item
@@ -350,4 +362,22 @@ def parse_stream(stream: IO[bytes], images: ImageAccess = NO_FILES) -> Iterator[
             )
             continue
         seen[req.custom_id] = line_no
+        kind = kind or (is_embeddings(req.endpoint), line_no)
+        if kind[0] != is_embeddings(req.endpoint):
+            yield _mixed_kinds(req, kind[1], line_no)
+            continue
         yield req
+
+
+def _mixed_kinds(req: ParsedRequest, first: int, line_no: int) -> InputError:
+    """A job runs on one model: embeddings and generation lines go in separate jobs."""
+    kinds = ("an embeddings", "a generation")
+    this, other = kinds if is_embeddings(req.endpoint) else kinds[::-1]
+    return InputError(
+        line_no,
+        f"this is {this} request but line {first} is {other} request; a job is either embeddings or generation "
+        "(they need different models): submit them as two jobs",
+        field="url",
+        custom_id=req.custom_id,
+        code=ErrorCode.ENDPOINT_MISMATCH,
+    )

@@ -102,6 +102,8 @@ def summarize(
         "throughput": {
             "requests_per_second": round(rate, 3),
             "completion_tokens_per_second": round(counts.completion_tokens / elapsed if elapsed else 0.0, 2),
+            # An embeddings job generates nothing: its rate is the prompt tokens it embedded.
+            "prompt_tokens_per_second": round(counts.prompt_tokens / elapsed if elapsed else 0.0, 2),
             "elapsed_seconds": round(elapsed, 2),
         },
         "eta_seconds": round(eta, 1) if eta is not None else None,

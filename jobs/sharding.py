@@ -19,7 +19,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from omlx_jobs.jobs.formats import CHAT_URL
+from omlx_jobs.jobs.embeddings import canonical_text as embeddings_text
+from omlx_jobs.jobs.formats import CHAT_URL, EMBEDDINGS_URL
 
 DEFAULT_SHARD_SIZE = 1024
 """Requests per shard. A worker holds a shard's rows and prompt tokens in memory (tens of MB at this size),
@@ -41,6 +42,8 @@ def canonical_text(endpoint: str, body: dict[str, Any]) -> str:
     between separators; completion prompts as given (token-id prompts as their numbers). The endpoint comes
     first, so chat and completion prompts never share a group.
     """
+    if endpoint == EMBEDDINGS_URL:
+        return embeddings_text(body)
     if endpoint == CHAT_URL:
         messages = body.get("messages") or []
         ordered = [m for m in messages if m["role"] in _SYSTEM_ROLES]

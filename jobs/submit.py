@@ -14,6 +14,7 @@ from typing import IO, Any
 from omlx_jobs import defaults
 from omlx_jobs.errors import ErrorCode, OmlxError
 from omlx_jobs.jobs import lifecycle
+from omlx_jobs.jobs.embeddings import dimensions_refusal, is_embeddings, refuse_dimensions
 from omlx_jobs.jobs.formats import NO_FILES, InputError, ParsedRequest, parse_stream
 from omlx_jobs.jobs.images import ImageAccess
 from omlx_jobs.jobs.lease import SubmitLease
@@ -150,7 +151,8 @@ def load_job(
             submit_lease_until=lease.first_until(),
         )
         try:
-            result = _load_rows(store, stream, job_id, skip_invalid, on_progress, images, lease)
+            no_dims = dimensions_refusal(model)  # a local embedding model without Matryoshka: known right here
+            result = _load_rows(store, stream, job_id, skip_invalid, on_progress, images, lease, no_dims)
             if not result.rejected:
                 cut_job(store, job_id, shard_size or DEFAULT_SHARD_SIZE, lease=lease)
                 store.update_job(job_id, errors=[e.to_dict() for e in result.errors] or None)
@@ -203,6 +205,7 @@ def _load_rows(
     on_progress: Callable[[int], None] | None,
     images: ImageAccess,
     lease: SubmitLease,
+    no_dimensions: str | None = None,
 ) -> LoadResult:
     result = LoadResult(job_id)
     rows: list[dict[str, Any]] = []
@@ -217,8 +220,11 @@ def _load_rows(
             on_progress(result.total)
 
     try:
-        for item in parse_stream(stream, images):
+        for parsed in parse_stream(stream, images):
             lease.renew_if_due()
+            item = parsed
+            if no_dimensions is not None and not isinstance(parsed, InputError) and is_embeddings(parsed.endpoint):
+                item = refuse_dimensions(parsed.line, parsed.custom_id, parsed.body, no_dimensions) or parsed
             if isinstance(item, InputError):
                 result.invalid += 1
                 if len(result.errors) < MAX_REPORTED_ERRORS:

@@ -122,6 +122,8 @@ class Request(Base):
     logprobs: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     # Per choice, when the model thought or called tools: reasoning_content, tool_calls, reasoning_tokens.
     chat_extras: Mapped[list[dict[str, Any] | None] | None] = mapped_column(JSON, default=None)
+    # An embeddings request's vectors as float32 bytes (store/vectors.py); NULL for every other request.
+    vectors: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
     cached_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
     completion_tokens: Mapped[int | None] = mapped_column(Integer, default=None)

@@ -22,6 +22,8 @@ class CompletionRow:
     """Only when the request asked for logprobs or echo: the stored form of worker/logprobs.py."""
     chat_extras: list[dict[str, Any] | None] | None = None
     """Per choice (None for one without): its reasoning_content, tool_calls and reasoning_tokens (issue 24)."""
+    vectors: bytes | None = None
+    """Only for an embeddings request: its vectors in store/vectors.py's form."""
     started_at: float | None = None
     """When the request first started; kept if the row already has one."""
 

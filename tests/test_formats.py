@@ -73,7 +73,7 @@ ERRORS = [
     # method, url, body
     (batch({"messages": [USER]}).replace('"POST"', '"post"'), "method", "unsupported_method", 'got "post"'),
     (json.dumps({"custom_id": "r1", "url": CHAT_URL, "body": {}}), "method", "missing_field", '"POST"'),
-    (batch({"input": "a"}, url="/v1/embeddings"), "url", "unsupported_url", 'url "/v1/embeddings"'),
+    (batch({"input": "a"}, url="/v1/responses"), "url", "unsupported_url", 'url "/v1/responses"'),
     (batch({"messages": [USER]}, url="v1/chat/completions"), "url", "unsupported_url", "use /v1/chat/completions"),
     (json.dumps({"custom_id": "r1", "method": "POST", "body": {}}), "url", "missing_field", "is missing"),
     (json.dumps({"custom_id": "r1", "method": "POST", "url": CHAT_URL}), "body", "missing_field", "is missing"),
@@ -203,6 +203,7 @@ def test_errors_cover_every_parse_code() -> None:
     from_files |= {"image_not_found", "image_too_large"}  # tests/test_image_parts.py, with real files
     from_files |= {"image_host_not_allowed"}  # tests/data/bad, with remote images on
     from_files |= {"image_rejected_by_processor"}  # tests/test_image_failures.py, tests/data/bad
+    from_files |= {"dimensions_not_supported"}  # tests/test_embeddings_lines.py, with a local model folder
     assert seen | from_files == INPUT_ERROR_CODES
 
 

@@ -48,6 +48,7 @@ def test_wheel_holds_one_package_and_the_console_script(wheel: Path) -> None:
         "api/static/uPlot.min.css",
         "api/static/uPlot.LICENSE",
         "store/migrations/versions/0006_live_ticks.py",
+        "store/migrations/versions/0008_embeddings.py",
     ):
         assert f"omlx_jobs/{module}" in names
     assert not any(n.startswith(("tests/", "bench/", "omlx_jobs/tests/", "omlx_jobs/bench/")) for n in names)

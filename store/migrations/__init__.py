@@ -5,4 +5,4 @@ when a store opens; add a revision here and bump HEAD with it.
 """
 
 BASELINE = "0001_baseline"
-HEAD = "0007_chat_extras"
+HEAD = "0008_embeddings"

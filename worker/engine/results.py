@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omlx_jobs.errors import ErrorCode
+from omlx_jobs.errors import ErrorCode, FinishReason
 from omlx_jobs.jobs.stored_logprobs import Entry, StoredLogprobs
 from omlx_jobs.store.rows import CompletionRow
 
@@ -49,6 +49,8 @@ class ItemResult:
     started_at: float
     finished_at: float
     error: RequestFailure | None = None
+    vectors: bytes | None = None
+    """An embeddings request's vectors (store/vectors.py's form): it has no choices."""
 
     @property
     def completion_tokens(self) -> int:
@@ -57,8 +59,19 @@ class ItemResult:
 
 def completion_row(result: ItemResult) -> CompletionRow:
     """The store row of a completed request (see the module docstring)."""
-    if result.error is not None or not result.choices:
+    if result.error is not None or not (result.choices or result.vectors is not None):
         raise ValueError(f"request {result.key!r} did not complete; store its failure instead")
+    if result.vectors is not None:
+        return CompletionRow(
+            id=result.key,
+            output_text="",
+            finish_reason=FinishReason.EMBEDDED.value,
+            prompt_tokens=result.prompt_tokens,
+            cached_tokens=result.cached_tokens,
+            completion_tokens=0,
+            vectors=result.vectors,
+            started_at=result.started_at,
+        )
     first, *more = result.choices
     return CompletionRow(
         id=result.key,

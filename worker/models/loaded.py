@@ -10,7 +10,7 @@ from typing import Any
 import mlx_lm
 
 from omlx_jobs.errors import ErrorCode
-from omlx_jobs.jobs.formats import CHAT_URL
+from omlx_jobs.jobs.formats import CHAT_URL, EMBEDDINGS_URL
 from omlx_jobs.jobs.parts import image_urls
 from omlx_jobs.worker.backend.model import ModelBackend
 from omlx_jobs.worker.models.paths import ModelLoadError, context_length_of, model_identity
@@ -54,6 +54,12 @@ class LoadedModel:
 
     def encode(self, endpoint: str, body: dict[str, Any]) -> list[int]:
         """Prompt tokens: messages through the chat template, a completion prompt tokenized as given."""
+        if endpoint == EMBEDDINGS_URL:
+            raise PromptError(
+                ErrorCode.NOT_AN_EMBEDDING_MODEL,
+                f"this is an embeddings request, but {self.ref} is a generation model; send embeddings to a worker "
+                "of an embedding model (one with a sentence-transformers Pooling module)",
+            )
         if endpoint == CHAT_URL:
             return self._encode_chat(body)
         prompt = body["prompt"]
