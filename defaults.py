@@ -58,6 +58,9 @@ class Switches:
     never compiles them unless a test says "always")."""
     cpu_prefill: bool = True
     """OMLX_JOBS_CPU_PREFILL=0: leave every CPU prefill chunk to mlx's attention instead of causal blocks."""
+    speculation: Literal["auto", "off"] = "auto"
+    """OMLX_JOBS_SPECULATION=off (--speculation off): no speculative decoding; "auto" drafts from each row's own
+    history and keeps it on per row only while it pays (docs/speculation.md)."""
     # Tuning, not read from the environment: tests set them to exercise more blocks and cuts.
     fused_rows_per_call: int = FUSED_ROWS_PER_CALL
     min_level_tokens: int = CASCADE_MIN_LEVEL_TOKENS
@@ -74,6 +77,7 @@ class Switches:
             cascade_fused_decode=env.get("OMLX_JOBS_CASCADE_FUSED_DECODE", "0") == "1",
             cascade_compile="never" if env.get("OMLX_JOBS_CASCADE_COMPILE", "1") == "0" else "auto",
             cpu_prefill=env.get("OMLX_JOBS_CPU_PREFILL", "1") != "0",
+            speculation="off" if env.get("OMLX_JOBS_SPECULATION", "auto") == "off" else "auto",
         )
 
 
