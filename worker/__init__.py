@@ -2,7 +2,7 @@
 
 Subpackages, lower first: cache/ (prefixes kept for reuse), attention/ (the model's attention as the engine routes
 it), backend/ (the only door to mlx-lm's internals), models/ (text models on disk), extras/ (what a request asks
-beyond decoding), vision/ (images), engine/ (continuous batching), runtime/ (the worker process). At the top:
+beyond decoding), speculation/ (drafts verified in the batch), vision/ (images), engine/ (continuous batching), runtime/ (the worker process). At the top:
 prompts.py (a prompt and its prefix key), loading.py (a --model string -> the engine that runs it) and entry.py
 (the RQ entry point `run_shard`, whose import path queued messages name).
 
