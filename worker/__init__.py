@@ -1,10 +1,11 @@
 """The worker side: it loads a model once and runs shards of jobs through the engine.
 
 Subpackages, lower first: cache/ (prefixes kept for reuse), attention/ (the model's attention as the engine routes
-it), backend/ (the only door to mlx-lm's internals), models/ (text models on disk), extras/ (what a request asks
-beyond decoding), speculation/ (drafts verified in the batch), vision/ (images), engine/ (continuous batching), runtime/ (the worker process). At the top:
-prompts.py (a prompt and its prefix key), loading.py (a --model string -> the engine that runs it) and entry.py
-(the RQ entry point `run_shard`, whose import path queued messages name).
+it), speculation/ (drafts verified in the batch), backend/ (the only door to mlx-lm's internals), models/ (text
+models on disk), extras/ (what a request asks beyond decoding), vision/ (images), engine/ (continuous batching),
+runtime/ (the worker process). At the top: prompts.py (a prompt and its prefix key), loading.py (a --model
+string -> the engine that runs it) and entry.py (the RQ entry point `run_shard`, whose import path queued
+messages name).
 
 Importing this package first loads a fast BLAS for MLX's CPU backend (models/blas.py), which must happen before
 `mlx.core` is imported: the one place where the environment (OMLX_JOBS_BLAS) is read at import.

@@ -132,9 +132,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
-    model = args.model or "gguf:" + subprocess.check_output(
-        [sys.executable, "-m", "omlx_jobs.cli", "models", "smollm2-path"], text=True
-    ).strip()
+    model = (
+        args.model
+        or "gguf:"
+        + subprocess.check_output([sys.executable, "-m", "omlx_jobs.cli", "models", "smollm2-path"], text=True).strip()
+    )
     loaded = load_bench_model(model, args.dtype)
     rows = []
     for job in args.jobs.split(","):

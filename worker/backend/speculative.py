@@ -21,6 +21,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
+from omlx_jobs.errors import FinishReason
 from omlx_jobs.worker.backend import rollback
 from omlx_jobs.worker.speculation import verify
 from omlx_jobs.worker.speculation.controller import Speculation
@@ -138,9 +139,9 @@ class SpeculativeSteps:
                 out.append(t)
                 self._num_tokens[i] += 1
                 if self._num_tokens[i] >= self.max_tokens[i]:
-                    finish = "length"
+                    finish = FinishReason.LENGTH
                 if self._matchers[i].advance(t):
-                    finish = "stop"
+                    finish = FinishReason.STOP
                 if finish is not None:
                     break
             lps = emitted_logprobs[i][: len(out)]
