@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -77,6 +78,12 @@ def engine_options(fn: Any) -> Any:
         ),
         click.option("--no-prefix-cache", is_flag=True, help="Compute every prompt in full (for comparison)."),
         click.option("--context-length", type=int, help="Override the model's context length."),
+        click.option(
+            "--speculation",
+            type=click.Choice(["auto", "off"]),
+            help="Speculative decoding from each request's own prompt and output, on per row while it pays "
+            "(docs/speculation.md). Default auto; env OMLX_JOBS_SPECULATION.",
+        ),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -88,7 +95,11 @@ def load_engine(kw: dict[str, Any], images: Any = None) -> Any:
     from omlx_jobs.worker import loading
     from omlx_jobs.worker.engine.config import EngineConfig
 
+    switches = defaults.Switches.from_env()
+    if kw.get("speculation"):
+        switches = dataclasses.replace(switches, speculation=kw["speculation"])
     config = EngineConfig(
+        switches=switches,
         completion_batch_size=kw["batch_size"],
         prefill_batch_size=kw["prefill_batch_size"],
         prefill_step_size=kw["prefill_step"],

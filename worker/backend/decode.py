@@ -2,9 +2,9 @@
 
 Rows go in as RowSpec (a prompt suffix, the cached prefix it starts from, its sampler and logits processors), and
 every step gives one RowOutput per row (its new tokens, the log-probabilities they were sampled from, whether it
-ended). Each step runs the model inside the backend's attention routing (attention/routing.py). A batch that
-decodes several tokens per step, or attends to a shared prefix instead of copying it into each row
-(cascade_batch.py), implements the same calls.
+ended). Each step runs the model inside the backend's attention routing (attention/routing.py). Rows may verify
+drafted tokens in the same step (speculative.py) and then give several tokens. A batch that attends to a shared
+prefix instead of copying it into each row (cascade_batch.py) implements the same calls.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from omlx_jobs.errors import FinishReason
 from omlx_jobs.worker.attention import routing
 from omlx_jobs.worker.attention.options import Routing
 from omlx_jobs.worker.backend.rows import Caches, RowOutput, RowSpec, StepLogits, Timings
+from omlx_jobs.worker.backend.speculative import SpecResponse, SpeculativeSteps
 from omlx_jobs.worker.cache import kv
 from omlx_jobs.worker.cache.prefix_cache import Entry
+from omlx_jobs.worker.speculation.controller import Figures, Speculation
 
 
 class BatchOwner(Protocol):
@@ -34,6 +36,7 @@ class BatchOwner(Protocol):
     prefill_step: int
     step_logits: StepLogits | None
     routing: Routing
+    speculative: bool
 
 
 class DecodeBatch:
@@ -54,8 +57,11 @@ class DecodeBatch:
             # mlx-lm copies each finished sequence's KV cache out to return it; nothing here uses it.
             gen._generation_batch.extract_cache = lambda idx: None
             if backend.step_logits is not None:  # the persistent batch every decode step runs in (mlx-lm 0.32.2)
-                gen._generation_batch.__class__ = _BatchStepGeneration
+                speculative = backend.speculative
+                gen._generation_batch.__class__ = _SpeculativeGeneration if speculative else _BatchStepGeneration
                 gen._generation_batch.step_logits = backend.step_logits
+                if speculative:
+                    gen._generation_batch.speculation = Speculation()
             self._stats = self._closing.enter_context(gen.stats())
         except BaseException:
             self._closing.close()
@@ -82,7 +88,18 @@ class DecodeBatch:
         """
         with routing.active(self.backend.routing):  # the model runs in here (decode and prompt processing)
             _, responses = self._gen.next()
-        return [RowOutput(r.uid, [r.token], [r.logprobs], r.finish_reason) for r in responses]
+        return [
+            RowOutput(r.uid, r.tokens, r.token_logprobs, r.finish_reason)
+            if type(r) is SpecResponse
+            else RowOutput(r.uid, [r.token], [r.logprobs], r.finish_reason)
+            for r in responses
+        ]
+
+    @property
+    def speculation(self) -> Figures | None:
+        """What speculative decoding did in this batch (None: off)."""
+        spec = getattr(self._gen._generation_batch, "speculation", None)
+        return spec.figures if spec is not None else None
 
     def remove(self, rows: Sequence[int]) -> None:
         """Stop rows early (a stop string ended them); rows already finished are ignored."""
@@ -148,6 +165,19 @@ class _BatchStepGeneration(GenerationBatch):  # type: ignore[misc]
         self._current_logprobs = self._next_logprobs
         inputs = self._current_tokens
         logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
+        sampled, logprobs, token_context = self._sample(logits, inputs)
+        self._next_tokens = sampled
+        self._next_logprobs = list(logprobs)
+        mx.async_eval(self._next_tokens, self._next_logprobs, token_context)
+        mx.eval(inputs, self._current_logprobs)
+        tokens = inputs.tolist()
+        for sti, ti in zip(self.tokens, tokens, strict=True):
+            sti.append(ti)
+        return tokens, self._current_logprobs
+
+    def _sample(self, logits: mx.array, inputs: mx.array) -> tuple[mx.array, mx.array, list[mx.array]]:
+        """Each row's processors, then the batchable ones in one call, then the samplers: (tokens, logprobs,
+        the token contexts updated). `inputs`: each row's token the logits follow."""
         parts = [next((p for p in ps or () if getattr(p, "batchable", False)), None) for ps in self.logits_processors]
         others = [
             [p for p in ps or () if p is not part] for ps, part in zip(self.logits_processors, parts, strict=True)
@@ -173,11 +203,8 @@ class _BatchStepGeneration(GenerationBatch):  # type: ignore[misc]
             sampled = (samplers[0] if samplers else self.fallback_sampler)(logprobs)
         else:
             sampled = mx.concatenate([s(logprobs[e : e + 1]) for e, s in enumerate(samplers)], axis=0)
-        self._next_tokens = sampled
-        self._next_logprobs = list(logprobs)
-        mx.async_eval(self._next_tokens, self._next_logprobs, token_context)
-        mx.eval(inputs, self._current_logprobs)
-        tokens = inputs.tolist()
-        for sti, ti in zip(self.tokens, tokens, strict=True):
-            sti.append(ti)
-        return tokens, self._current_logprobs
+        return sampled, logprobs, token_context
+
+
+class _SpeculativeGeneration(SpeculativeSteps, _BatchStepGeneration):
+    """_BatchStepGeneration with speculative verification steps (speculative.py)."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import _merge_caches, _right_pad_prompts, generation_stream
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, make_prompt_cache
 
 from omlx_jobs.defaults import Switches
 from omlx_jobs.worker.attention import routing
@@ -58,6 +58,9 @@ class ModelBackend:
         """How the model's attention runs inside this backend's decode batches."""
         self.prefill_routing = routing.without_kernels(self.routing)
         """... and in its prefills outside them (warm-ups, echo's scoring passes)."""
+        self.speculative = switches.speculation != "off" and all(type(c) is KVCache for c in probe)
+        """Decode batches speculate (backend/speculative.py): on unless switched off, for models whose caches
+        can be rolled back per row (plain KV caches: not rotating or recurrent ones)."""
         self.step_logits: StepLogits | None = None
         """Set by the engine: decode steps then apply processors marked `batchable` in one call for all rows."""
 

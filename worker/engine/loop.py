@@ -289,8 +289,9 @@ class Engine:
             seq = active.get(out.row)
             if seq is None:
                 continue
-            generated += len(out.tokens)
+            before = seq.generated
             reason = seq.consume(out.tokens, out.finish)
+            generated += seq.generated - before  # a stop string inside a step's tokens drops the rest
             if reason is None:
                 continue
             if out.finish is None:
@@ -358,6 +359,13 @@ class Engine:
         stats.cache_hits = after["hits"] - before["hits"]
         stats.cache_misses = after["misses"] - before["misses"]
         stats.cache_evictions = after["evictions"] - before["evictions"]
+        spec = getattr(run.batch, "speculation", None)  # decode batches that can speculate (backend/speculative.py)
+        if spec is not None:
+            stats.drafted_tokens, stats.accepted_tokens, stats.verify_steps = (
+                spec.drafted,
+                spec.accepted,
+                spec.verify_steps,
+            )
         left = {**run.collector.unfinished(), **run.scheduler.not_started()}
         stats.unfinished = [left[i].key for i in sorted(left)]
         stats.input_exhausted = run.scheduler.input_exhausted

@@ -128,6 +128,15 @@ class RunStats:
     cache_misses: int = 0
     cache_evictions: int = 0
     """Prefix-cache lookups and evictions during this run (the cache itself lives across runs)."""
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    """Speculative decoding: tokens drafted and verified, and those of them accepted (docs/speculation.md)."""
+    verify_steps: int = 0
+    """Decode steps that verified drafts (the others decoded one token per row)."""
+
+    @property
+    def rejected_tokens(self) -> int:
+        return self.drafted_tokens - self.accepted_tokens
 
 
 class TokenCounters:

@@ -2,10 +2,13 @@
 
 Requests with equal parameters share one sampler object, so BatchGenerator samples them in one call.
 A seeded request gets its own sampler with its own random key, so its output does not depend on batching.
+Shared samplers carry `filtered` (their processing without the draw), which speculative verification uses;
+seeded ones do not, so seeded rows are never speculated and their output is the same with speculation on or off.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +52,18 @@ def _seeded_sampler(p: SamplingParams, choice: int) -> Sampler:
     return sampler
 
 
+def filtered(p: SamplingParams, logprobs: mx.array) -> mx.array:
+    """The logits a sampler for `p` draws its token from (top-p, min-p, top-k as mlx-lm applies them, then the
+    temperature): what speculative verification (worker/speculation/verify.py) accepts drafts against."""
+    if 0 < p.top_p < 1.0:
+        logprobs = apply_top_p(logprobs, p.top_p)
+    if p.min_p:
+        logprobs = apply_min_p(logprobs, p.min_p)
+    if _filters_top_k(p.top_k, logprobs.shape[-1]):
+        logprobs = apply_top_k(logprobs, p.top_k)
+    return logprobs * (1 / p.temperature)
+
+
 def _shared_sampler(p: SamplingParams) -> Sampler:
     """mlx-lm's sampler for these parameters, with top_k clamped to the vocabulary: validation cannot know
     the vocabulary, so a top_k larger than it is taken as no top-k filter (the vocabulary is read from the
@@ -81,7 +96,9 @@ class SamplerFactory:
             return _seeded_sampler(p, choice)
         key = (p.temperature, p.top_p, p.min_p, p.top_k)
         if key not in self._shared:
-            self._shared[key] = _shared_sampler(p)
+            shared = _shared_sampler(p)
+            shared.filtered = functools.partial(filtered, p)  # type: ignore[attr-defined]  # speculation's
+            self._shared[key] = shared
         return self._shared[key]
 
     @staticmethod

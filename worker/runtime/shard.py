@@ -68,6 +68,8 @@ class ShardOutcome:
             "stopped": self.stopped,
             "prefill_tokens": self.stats.prefill_tokens,
             "trie_min_tokens": self.stats.trie_min_tokens,
+            "drafted_tokens": self.stats.drafted_tokens,  # speculative decoding (docs/speculation.md)
+            "accepted_tokens": self.stats.accepted_tokens,
         }
 
 
