@@ -131,7 +131,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny", help="tiny | PATH | gguf:FILE")
     ap.add_argument("--questions", type=int, default=64)
-    ap.add_argument("--doc-words", type=int, default=1800, help="about 2,100 tokens with SmolLM2's tokenizer")
+    ap.add_argument("--doc-words", type=int, default=1870, help="about 2,100 tokens with SmolLM2's tokenizer")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--forms", default="chat,ids")
