@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import omlx_jobs.worker  # fast BLAS before mlx
+import omlx_jobs.worker  # noqa: F401  (fast BLAS before mlx)
 from bench.lib.models import load_bench_model
 from bench.lib.steps import own_caches, pipelined_ms
 
@@ -71,7 +71,8 @@ def job(loaded: Any, args: argparse.Namespace, lazy: bool, seed: int) -> dict[st
     rng = random.Random(seed)
     n = max(1, args.context - args.max_tokens // 2)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
-    items = [WorkItem(i, [rng.randrange(10, min(20000, loaded.vocab_size - 10)) for _ in range(n)], params) for i in range(args.rows)]
+    hi = min(20000, loaded.vocab_size - 10)
+    items = [WorkItem(i, [rng.randrange(10, hi) for _ in range(n)], params) for i in range(args.rows)]
     config = EngineConfig(
         completion_batch_size=args.rows, prefill_batch_size=args.rows, ignore_eos=True, prefix_cache=False
     )

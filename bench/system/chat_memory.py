@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.lib.processes import omlx_cli  # noqa: E402
 
-WORDS = (
+WORDS = (  # noqa: SIM905
     "the system reads each request line and keeps its prefix in a cache so that later rows reuse the "
     "computed keys and values while the scheduler orders work by shared tokens before admitting new rows "
     "into the batch where every step decodes one token for each sequence until it reaches its limit or stops"
@@ -118,7 +118,8 @@ def run_form(args: argparse.Namespace, form: str, work: Path, env: dict[str, str
     seconds = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{form} failed:\n{err[-2000:]}")
-    texts = [json.loads(x)["response"]["body"]["choices"][0] for x in open(work / f"{form}-out.jsonl")]
+    with open(work / f"{form}-out.jsonl") as fh:
+        texts = [json.loads(x)["response"]["body"]["choices"][0] for x in fh]
     return {
         "form": form,
         "seconds": round(seconds, 2),

@@ -35,9 +35,7 @@ class Plan:
     """Prompt tokens over all sequences, as if nothing were shared."""
 
 
-def plan(
-    keys: Sequence[bytes], min_shared_tokens: int = defaults.MIN_SHARED_TOKENS, min_added_tokens: int = 1
-) -> Plan:
+def plan(keys: Sequence[bytes], min_shared_tokens: int = defaults.MIN_SHARED_TOKENS, min_added_tokens: int = 1) -> Plan:
     """Plan admission for sequences with prompt `keys` (prompts.token_key). Identical keys share the whole prompt.
 
     A warm-up point is a trie node shared by at least two sequences and at least `min_shared_tokens` deep,
