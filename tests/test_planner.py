@@ -94,3 +94,25 @@ def test_identical_short_prompts_still_share() -> None:
     short = [5, 6, 7]  # under min_shared_tokens, but the same whole prompt three times (n=3)
     p = plan(keys(short, short, short, [5, 6, 8]), min_shared_tokens=16)
     assert p.warmups == [WarmUp(depth=3, first=0, last=2)]
+
+
+def test_nested_warmups_must_add_enough_tokens() -> None:
+    # Questions that begin alike after a long document: "Question 1" is shared by q1 and q10, one token past the
+    # part all questions share. A warm-up there would hold a copy of the whole document to save one token a row.
+    doc = list(range(1000, 1100))
+    prompts = [doc + [5, 1, 7], doc + [5, 1, 0, 8], doc + [5, 2, 9]]
+    assert plan(keys(*prompts), min_shared_tokens=16).warmups == [
+        WarmUp(depth=101, first=0, last=2),
+        WarmUp(depth=102, first=0, last=1),
+    ]
+    p = plan(keys(*prompts), min_shared_tokens=16, min_added_tokens=16)
+    assert p.warmups == [WarmUp(depth=101, first=0, last=2)]
+    assert p.trie_min_tokens == 101 + 1 + 2 + 1 + 2  # the minimum is the trie's, whatever is warmed up
+    # A nested node far enough past its parent stays; so does a prompt that several sequences have in full.
+    far = [doc + list(range(20)) + [1], doc + list(range(20)) + [2], doc + [7], doc + [7]]
+    p = plan(keys(*far), min_shared_tokens=16, min_added_tokens=16)
+    assert p.warmups == [
+        WarmUp(depth=100, first=0, last=3),
+        WarmUp(depth=120, first=0, last=1),
+        WarmUp(depth=101, first=2, last=3),
+    ]

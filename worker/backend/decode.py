@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, GenerationBatch
+from mlx_lm.generate import BatchGenerator, GenerationBatch, greedy_sampler
 
 from omlx_jobs.errors import FinishReason
 from omlx_jobs.worker.attention import routing
@@ -154,11 +154,18 @@ class DecodeBatch:
 
 
 class _BatchStepGeneration(GenerationBatch):  # type: ignore[misc]
-    """mlx-lm 0.32.2's GenerationBatch step, except that processors marked `batchable` (grammar masks, logit_bias)
-    are applied for the whole batch by one `step_logits` call after the per-row ones, the forward pass running
-    meanwhile. A row's first token is sampled by mlx-lm's own step, row by row, with the same processors."""
+    """mlx-lm 0.32.2's GenerationBatch step, except:
+    - processors marked `batchable` (grammar masks, logit_bias) are applied for the whole batch by one
+      `step_logits` call after the per-row ones, the forward pass running meanwhile; a row's first token is
+      sampled by mlx-lm's own step, row by row, with the same processors;
+    - when every row is greedy, the token is the argmax of the logits and the log-softmax is left lazy: only a
+      request that asks for logprobs evaluates it (outputs.py). mlx-lm normalizes every step, and on the CPU
+      (mlx 0.32.4) `logsumexp` over 64 x 49,152 logits costs as much as a third of SmolLM2's decode step
+      (bench/engine/step_overhead.py)."""
 
     step_logits: StepLogits
+    lazy_logprobs = True
+    """False: normalize every step as mlx-lm does (bench/engine/step_overhead.py compares the two)."""
 
     def _step(self) -> tuple[list[int], list[mx.array]]:
         self._current_tokens = self._next_tokens
@@ -166,10 +173,11 @@ class _BatchStepGeneration(GenerationBatch):  # type: ignore[misc]
         inputs = self._current_tokens
         logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
         sampled, logprobs, token_context = self._sample(logits, inputs)
+        lazy = self._lazy()
         self._next_tokens = sampled
         self._next_logprobs = list(logprobs)
-        mx.async_eval(self._next_tokens, self._next_logprobs, token_context)
-        mx.eval(inputs, self._current_logprobs)
+        mx.async_eval(self._next_tokens, [] if lazy else self._next_logprobs, token_context)
+        mx.eval(inputs, [] if lazy else self._current_logprobs)
         tokens = inputs.tolist()
         for sti, ti in zip(self.tokens, tokens, strict=True):
             sti.append(ti)
@@ -198,12 +206,22 @@ class _BatchStepGeneration(GenerationBatch):  # type: ignore[misc]
             mx.async_eval(logits)  # the forward pass runs while the masks are filled
             logits = self.step_logits(logits, parts, inputs.tolist())
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        samplers = [self.fallback_sampler if s is None else s for s in (self.samplers or [None] * len(self.uids))]
-        if not samplers or all(s is samplers[0] for s in samplers):
+        samplers = self._samplers()
+        if self._lazy():  # argmax(logits) is argmax(logprobs): the normalization waits until someone asks for it
+            sampled = mx.argmax(logits, axis=-1)
+        elif not samplers or all(s is samplers[0] for s in samplers):
             sampled = (samplers[0] if samplers else self.fallback_sampler)(logprobs)
         else:
             sampled = mx.concatenate([s(logprobs[e : e + 1]) for e, s in enumerate(samplers)], axis=0)
         return sampled, logprobs, token_context
+
+    def _samplers(self) -> list[Any]:
+        return [self.fallback_sampler if s is None else s for s in (self.samplers or [None] * len(self.uids))]
+
+    def _lazy(self) -> bool:
+        """Every row greedy: the token is the logits' argmax, and the log-softmax stays lazy (evaluated only for
+        requests that ask for logprobs)."""
+        return self.lazy_logprobs and all(s is greedy_sampler for s in self._samplers())
 
 
 class _SpeculativeGeneration(SpeculativeSteps, _BatchStepGeneration):

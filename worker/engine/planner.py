@@ -35,11 +35,13 @@ class Plan:
     """Prompt tokens over all sequences, as if nothing were shared."""
 
 
-def plan(keys: Sequence[bytes], min_shared_tokens: int = defaults.MIN_SHARED_TOKENS) -> Plan:
+def plan(keys: Sequence[bytes], min_shared_tokens: int = defaults.MIN_SHARED_TOKENS, min_added_tokens: int = 1) -> Plan:
     """Plan admission for sequences with prompt `keys` (prompts.token_key). Identical keys share the whole prompt.
 
     A warm-up point is a trie node shared by at least two sequences and at least `min_shared_tokens` deep,
-    or a prompt that several sequences have in full (any length).
+    or a prompt that several sequences have in full (any length). A node nested in another warm-up must also add
+    `min_added_tokens` to it: each warm-up holds a copy of its whole prefix, so a few shared tokens after a long
+    document (questions that begin alike) would cost a document's copy per node to save a few tokens per row.
     """
     n = len(keys)
     order = sorted(range(n), key=keys.__getitem__)
@@ -64,7 +66,25 @@ def plan(keys: Sequence[bytes], min_shared_tokens: int = defaults.MIN_SHARED_TOK
         if cur > stack[-1][0]:
             stack.append((cur, lb))
     warmups.sort(key=lambda w: (w.first, w.depth))
+    if min_added_tokens > 1:
+        whole = {w for w in warmups if w.depth == lengths[w.first] and w.depth == lengths[w.last]}
+        warmups = _enough_added(warmups, min_added_tokens, keep=whole)
     return Plan(order=order, warmups=warmups, trie_min_tokens=trie_min, prompt_tokens=sum(lengths))
+
+
+def _enough_added(warmups: list[WarmUp], min_added: int, keep: set[WarmUp]) -> list[WarmUp]:
+    """The warm-ups (sorted by (first, depth)) that add at least `min_added` tokens to the nearest kept warm-up
+    enclosing them; those in `keep` (prompts several sequences have in full: they start from cached logits) stay."""
+    kept: list[WarmUp] = []
+    stack: list[WarmUp] = []
+    for w in warmups:
+        while stack and not (stack[-1].first <= w.first and w.last <= stack[-1].last):
+            stack.pop()
+        if stack and w.depth - stack[-1].depth < min_added and w not in keep:
+            continue
+        kept.append(w)
+        stack.append(w)
+    return kept
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,7 @@ class Scheduler:
         base, first_item = self._planned, self._items
         seqs = [(first_item + i, c, w) for i, w in enumerate(page) for c in range(w.params.n)]
         keys = [w.prompt.key for _, _, w in seqs]
-        plan = planner.plan(keys, self.min_shared_tokens if self.reuse else NO_WARMUPS)
+        plan = planner.plan(keys, self.min_shared_tokens if self.reuse else NO_WARMUPS, self.min_shared_tokens)
         order = plan.order if self.reuse else range(len(seqs))  # without reuse, input order (as batch_generate)
         for pos, s in enumerate(order, start=base):
             item, choice, work = seqs[s]

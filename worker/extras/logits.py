@@ -24,7 +24,6 @@ from omlx_jobs.worker.extras.grammar import Constraint, GrammarCache, GrammarTok
 from omlx_jobs.worker.prompts import PromptError
 
 Processor = Callable[[mx.array, mx.array], mx.array]
-_SHIFTS = mx.arange(32, dtype=mx.uint32)
 
 
 def logits_width(model: Any) -> int:
@@ -37,10 +36,14 @@ def log_softmax(logits: mx.array) -> mx.array:
 
 
 def allowed_tokens(bitmask: np.ndarray, vocab_size: int) -> mx.array:
-    """(rows, vocab_size) booleans from an llguidance bitmask (bit t % 32 of word t // 32 allows token t)."""
-    words = mx.array(bitmask.view(np.uint32))
-    bits = (words[:, :, None] >> _SHIFTS) & 1
-    return bits.reshape(words.shape[0], -1)[:, :vocab_size].astype(mx.bool_)
+    """(rows, vocab_size) booleans from an llguidance bitmask (bit t % 32 of word t // 32 allows token t).
+
+    Unpacked on the host (numpy, about 0.3 ms at 32 x 49,152) and copied once: unpacking with mx ops (a shift,
+    an and, a slice and a cast over rows x vocab x 32 words) cost about as much again as the masking itself.
+    Words are little-endian (llguidance writes host-order int32; every MLX platform is little-endian).
+    """
+    bits = np.unpackbits(np.ascontiguousarray(bitmask).view(np.uint8), axis=1, bitorder="little")
+    return mx.array(bits[:, :vocab_size].view(np.bool_))
 
 
 def apply_bitmask(logits: mx.array, bitmask: np.ndarray) -> mx.array:
