@@ -68,9 +68,10 @@ class Switches:
     cascade_cost: bool = True
     """OMLX_JOBS_CASCADE_COST=0: reference every prefix level instead of letting the cost model copy the levels not
     worth a reference into their rows (worker/attention/cascade_cost.py)."""
-    speculation: Literal["auto", "off"] = "auto"
-    """OMLX_JOBS_SPECULATION=off (--speculation off): no speculative decoding; "auto" drafts from each row's own
-    history and keeps it on per row only while it pays (docs/speculation.md)."""
+    speculation: Literal["auto", "off"] = "off"
+    """OMLX_JOBS_SPECULATION=auto (--speculation auto): draft from each row's own history and keep it on per row only
+    while it pays (docs/speculation.md). Off by default until its controller holds a job that copies nothing
+    within 3% of off: on CPU it measured 0.87x (bench/RESULTS.md)."""
     # Tuning, not read from the environment: tests set them to exercise more blocks and cuts.
     fused_rows_per_call: int = FUSED_ROWS_PER_CALL
     min_level_tokens: int = CASCADE_MIN_LEVEL_TOKENS
@@ -91,7 +92,7 @@ class Switches:
             cascade_compile="never" if env.get("OMLX_JOBS_CASCADE_COMPILE", "1") == "0" else "auto",
             cpu_prefill=env.get("OMLX_JOBS_CPU_PREFILL", "1") != "0",
             cascade_cost=env.get("OMLX_JOBS_CASCADE_COST", "1") != "0",
-            speculation="off" if env.get("OMLX_JOBS_SPECULATION", "auto") == "off" else "auto",
+            speculation="auto" if env.get("OMLX_JOBS_SPECULATION", "off") == "auto" else "off",
         )
 
 
