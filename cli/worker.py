@@ -82,8 +82,7 @@ def engine_options(fn: Any) -> Any:
             "--speculation",
             type=click.Choice(["auto", "off"]),
             help="Speculative decoding from each request's own prompt and output, on per row while it pays "
-            "(docs/speculation.md). Default off: auto does not yet keep a job that copies nothing within 3% of off. "
-            "Env OMLX_JOBS_SPECULATION.",
+            "(docs/speculation.md, which says why off is the default for now). Env OMLX_JOBS_SPECULATION.",
         ),
     ]
     for opt in reversed(opts):
