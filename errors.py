@@ -106,6 +106,20 @@ class FinishReason(str, Enum):
         return format(self.value, spec)
 
 
+# Codes a bad image reference can carry (at submit, or per request in the worker: jobs/images.py).
+IMAGE_SOURCE_CODES = frozenset(
+    {
+        ErrorCode.INVALID_IMAGE_URL,
+        ErrorCode.INVALID_IMAGE,
+        ErrorCode.IMAGE_TOO_LARGE,
+        ErrorCode.IMAGE_NOT_FOUND,
+        ErrorCode.IMAGE_PATH_NOT_ALLOWED,
+        ErrorCode.REMOTE_IMAGES_DISABLED,
+        ErrorCode.IMAGE_HOST_NOT_ALLOWED,
+        ErrorCode.IMAGE_REJECTED_BY_PROCESSOR,
+    }
+)
+
 # Codes an input line can get at submit: the line is wrong.
 INPUT_ERROR_CODES = frozenset(
     {
@@ -132,14 +146,7 @@ INPUT_ERROR_CODES = frozenset(
         ErrorCode.INVALID_SCHEMA,
         ErrorCode.DUPLICATE_CUSTOM_ID,
         ErrorCode.EMPTY_FILE,
-        ErrorCode.INVALID_IMAGE_URL,
-        ErrorCode.INVALID_IMAGE,
-        ErrorCode.IMAGE_TOO_LARGE,
-        ErrorCode.IMAGE_NOT_FOUND,
-        ErrorCode.IMAGE_PATH_NOT_ALLOWED,
-        ErrorCode.REMOTE_IMAGES_DISABLED,
-        ErrorCode.IMAGE_HOST_NOT_ALLOWED,
-        ErrorCode.IMAGE_REJECTED_BY_PROCESSOR,
+        *IMAGE_SOURCE_CODES,
         ErrorCode.DIMENSIONS_NOT_SUPPORTED,  # at submit when --model is a local embedding model (else at run time)
     }
 )

@@ -33,25 +33,13 @@ NO_REMOTE_HOSTS = RemoteHosts()
 # OpenAI's image formats; the worker's decoder opens these and nothing else.
 MEDIA_TYPES = {"image/png": "PNG", "image/jpeg": "JPEG", "image/jpg": "JPEG", "image/webp": "WEBP", "image/gif": "GIF"}
 
-# Codes a bad image reference can carry (at submit, or per request in the worker).
-IMAGE_SOURCE_CODES = frozenset(
-    {
-        ErrorCode.INVALID_IMAGE_URL,
-        ErrorCode.INVALID_IMAGE,
-        ErrorCode.IMAGE_TOO_LARGE,
-        ErrorCode.IMAGE_NOT_FOUND,
-        ErrorCode.IMAGE_PATH_NOT_ALLOWED,
-        ErrorCode.REMOTE_IMAGES_DISABLED,
-        ErrorCode.IMAGE_HOST_NOT_ALLOWED,
-        ErrorCode.IMAGE_REJECTED_BY_PROCESSOR,
-    }
-)
 
 _DATA_URI = re.compile(r"data:([\w.+-]+/[\w.+-]+)((?:;[\w.+-]+=[\w.+-]+)*)(;base64)?,", re.ASCII)
 
 
 class ImageSourceError(Exception):
-    """A reference to an image that cannot be used: `code` is one of IMAGE_SOURCE_CODES, `message` says what to do."""
+    """A reference to an image that cannot be used: `code` is one of errors.IMAGE_SOURCE_CODES; `message` says
+    what to do."""
 
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)

@@ -17,7 +17,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from omlx_jobs.errors import ErrorCode
+from omlx_jobs.errors import IMAGE_SOURCE_CODES, ErrorCode
 from omlx_jobs.jobs import fetch as remote
 from omlx_jobs.jobs import image_size
 from omlx_jobs.jobs import images as sources
@@ -28,7 +28,7 @@ DEFAULT_MAX_PIXELS = 40_000_000  # a 12 MP photo is 12M; 40M decoded RGB is 120 
 DEFAULT_MAX_JPEG_SCANS = image_size.MAX_JPEG_SCANS
 
 # Codes a request's image can fail with in the worker (submit-time codes included: the worker checks again).
-IMAGE_ERROR_CODES = sources.IMAGE_SOURCE_CODES | {
+IMAGE_ERROR_CODES = IMAGE_SOURCE_CODES | {
     ErrorCode.TRUNCATED_IMAGE,
     ErrorCode.IMAGE_TOO_MANY_PIXELS,
     ErrorCode.IMAGE_UNREACHABLE,
