@@ -40,14 +40,8 @@ def _seeded_sampler(p: SamplingParams, choice: int) -> Sampler:
     state = {"key": key}
 
     def sampler(logprobs: mx.array) -> mx.array:
-        if 0 < p.top_p < 1.0:
-            logprobs = apply_top_p(logprobs, p.top_p)
-        if p.min_p:
-            logprobs = apply_min_p(logprobs, p.min_p)
-        if _filters_top_k(p.top_k, logprobs.shape[-1]):
-            logprobs = apply_top_k(logprobs, p.top_k)
         state["key"], sub = mx.random.split(state["key"])
-        return mx.random.categorical(logprobs * (1 / p.temperature), key=sub)
+        return mx.random.categorical(filtered(p, logprobs), key=sub)
 
     return sampler
 
