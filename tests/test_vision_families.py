@@ -23,7 +23,7 @@ from omlx_jobs.worker.vision.inputs.media import vision_prompt  # noqa: E402
 from omlx_jobs.worker.vision.loaded import VisionLoaded  # noqa: E402
 from omlx_jobs.worker.vision.model import template_text  # noqa: E402
 from tests.test_vision import generate_text  # noqa: E402
-from tests.test_vision_engine import N_TOKENS, chat, png, run  # noqa: E402
+from tests.test_vision_engine import N_TOKENS, chat, mixed_bodies, png, run  # noqa: E402
 from tests.vision_fixtures import BUILDERS  # noqa: E402
 
 
@@ -90,15 +90,9 @@ def prepared_generate(vm: Any, text: str, pics: list[Any]) -> list[int]:
 
 
 def bodies() -> list[dict[str, Any]]:
-    a, b, c = png(100, 70, 0), png(60, 60, 1), png(120, 112, 2)
-    return [
-        chat("Name three primary colors."),  # text only, on a vision model
-        chat("Describe this image.", a),
-        chat("What color is the square in the picture? Answer briefly, in one word please.", b),
-        chat("How many?", c, after=True),
-        chat("Which one is brighter, and why?", png(84, 56, 3), a),
-        *[chat(q, a, system=True) for q in ("What is this?", "Is it a photo?", "What colors do you see here?")],
-    ]
+    """test_vision_engine's mixed job without its last two rows (a second image's system group): each family's
+    fixture runs it batched and single, so it stays a few seconds."""
+    return mixed_bodies()[:-2]
 
 
 @pytest.mark.parametrize("prefix_cache", [True, False])
