@@ -15,7 +15,14 @@ from typing import Literal
 BATCH_SIZE = 32
 """Sequences decoded together (--batch-size)."""
 PREFILL_BATCH_SIZE = 8
-"""Prompts prefilled together (--prefill-batch-size)."""
+"""Prompts prefilled together, at least (--prefill-batch-size); more while they fit PREFILL_TOKENS."""
+PREFILL_TOKENS = 8192
+"""Padded prompt tokens (rows x the longest row's chunk) a prefill pass may grow to beyond PREFILL_BATCH_SIZE
+rows: a prefix group's short suffixes then prefill in one pass instead of one per 8 rows. On the H200 a pass
+with prompt processing cost about 100 ms whether it took 8 or 32 rows (bench/engine/step_trace.py)."""
+REFILL_FRACTION = 8
+"""A decode batch is refilled once 1/REFILL_FRACTION of its rows are free (or when it runs below half full),
+not each time a row finishes: every refill is a prompt pass that stalls the whole batch."""
 PREFILL_STEP = 2048
 """Prompt tokens per prefill chunk (--prefill-step)."""
 EMBED_BATCH_TOKENS = 16384

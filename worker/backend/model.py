@@ -14,6 +14,7 @@ import mlx.core as mx
 from mlx_lm.generate import _merge_caches, _right_pad_prompts, generation_stream
 from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, make_prompt_cache
 
+from omlx_jobs import defaults
 from omlx_jobs.defaults import Switches
 from omlx_jobs.worker.attention import routing
 from omlx_jobs.worker.attention.cascade_cost import DeviceCosts
@@ -39,11 +40,15 @@ class ModelBackend:
         batch_size: int,
         prefill_batch_size: int,
         prefill_step: int,
+        prefill_tokens: int = defaults.PREFILL_TOKENS,
+        refill_rows: int | None = None,
         switches: Switches | None = None,
     ) -> None:
         self.model = model
         self.eos = frozenset(eos)
         self.batch_size, self.prefill_batch_size, self.prefill_step = batch_size, prefill_batch_size, prefill_step
+        self.prefill_tokens = prefill_tokens
+        self.refill_rows = refill_rows or max(1, batch_size // defaults.REFILL_FRACTION)
         self.switches = switches = switches or Switches()
         probe = make_prompt_cache(model)
         self.trimmable = bool(can_trim_prompt_cache(probe))

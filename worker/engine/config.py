@@ -13,6 +13,10 @@ class EngineConfig:
     completion_batch_size: int = defaults.BATCH_SIZE
     prefill_batch_size: int = defaults.PREFILL_BATCH_SIZE
     prefill_step_size: int = defaults.PREFILL_STEP
+    prefill_tokens: int = defaults.PREFILL_TOKENS
+    """A prefill pass takes more than prefill_batch_size rows while their padded tokens fit this."""
+    refill_rows: int | None = None
+    """Free rows that trigger a refill of a running batch (None: completion_batch_size / REFILL_FRACTION)."""
     prefix_cache: bool = True
     min_shared_tokens: int = defaults.MIN_SHARED_TOKENS
     cache_memory: int | None = defaults.CACHE_MEMORY
@@ -27,5 +31,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.completion_batch_size < 1 or self.prefill_batch_size < 1 or self.prefill_step_size < 1:
             raise ValueError("batch sizes and the prefill step must be at least 1")
+        if self.refill_rows is None:
+            self.refill_rows = max(1, self.completion_batch_size // defaults.REFILL_FRACTION)
         if self.min_shared_tokens < 1:
             raise ValueError("min_shared_tokens must be at least 1")

@@ -74,6 +74,8 @@ class Engine:
             batch_size=cfg.completion_batch_size,
             prefill_batch_size=cfg.prefill_batch_size,
             prefill_step=cfg.prefill_step_size,
+            prefill_tokens=cfg.prefill_tokens,
+            refill_rows=cfg.refill_rows,
             switches=cfg.switches,
         )
         self.cache = PrefixCache(
