@@ -42,6 +42,10 @@ CASCADE_MIN_LEVEL_TOKENS = 32
 """Shorter shared levels are not worth an attention call each per layer and step: such a cut is skipped, and a
 short tail is copied into the row instead (worker/backend/cascade_batch.py)."""
 
+CASCADE_GPU_MIN_REFERENCE_TOKENS = 512
+"""On a GPU, a shared level shorter than this is copied into its rows rather than referenced (cascade_cost.py's
+min_tokens): H200 measurements of issue 22 in bench/RESULTS.md."""
+
 Mode = Literal["auto", "always", "never"]
 """A switch that can also follow the device: "auto" is on on GPUs (Metal, CUDA) and off on the CPU."""
 

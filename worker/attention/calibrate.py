@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
+from omlx_jobs import defaults
 from omlx_jobs.worker.attention import cascade
 from omlx_jobs.worker.attention import packed as packing
 from omlx_jobs.worker.attention.cascade_cost import COPY_BYTES_LIMIT, DeviceCosts
@@ -68,7 +69,12 @@ def device_costs(
         info = mx.device_info()
         memory = int(info.get("memory_size") or info.get("total_memory") or 0)
         limit = max(COPY_BYTES_LIMIT, memory // 4)
-        _measured[key] = dataclasses.replace(_measured[key], bytes_per_token=per_token, copy_limit=limit)
+        _measured[key] = dataclasses.replace(
+            _measured[key],
+            bytes_per_token=per_token,
+            copy_limit=limit,
+            min_tokens=defaults.CASCADE_GPU_MIN_REFERENCE_TOKENS,
+        )
     return _measured[key]
 
 

@@ -42,6 +42,11 @@ class DeviceCosts:
     """Per row and token of a referenced level (compute-bound devices: the CPU; a GPU's is in level_token_s)."""
     copy_limit: int = COPY_BYTES_LIMIT
     """Bytes of copies of one level past which it is referenced (the default of `references`' limit)."""
+    min_tokens: int = 0
+    """Levels shorter than this are copied whatever the per-step model says (the memory limit still applies): a
+    referenced level also costs its rows' prefill passes, which the per-step model does not see. On the H200
+    (random Qwen3-8B, bf16) the dataset job's levels of 200-400 tokens, 32 rows each, cost 26.8 ms a step and
+    4.5 s of prefill referenced against 20.5 ms and 1.7 s copied (bench/engine/dataset_job.py)."""
 
     @classmethod
     def always_reference(cls) -> DeviceCosts:
@@ -89,6 +94,8 @@ def references(level: LevelUse, batch: int, costs: DeviceCosts, limit: int | Non
     limit = costs.copy_limit if limit is None else limit
     if level.live or (costs.bytes_per_token and copy_bytes(level, batch, costs) > limit):
         return True
+    if level.length < costs.min_tokens:
+        return False
     return reference_cost(level, costs) <= copy_cost(level, batch, costs)
 
 
