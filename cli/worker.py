@@ -44,7 +44,7 @@ def engine_options(fn: Any) -> Any:
             "--prefill-batch-size",
             default=defaults.PREFILL_BATCH_SIZE,
             show_default=True,
-            help="Prompts prefilled together.",
+            help="Prompts prefilled together, at least (more while they fit 8,192 tokens; docs/configuration.md).",
         ),
         click.option(
             "--prefill-step", default=defaults.PREFILL_STEP, show_default=True, help="Prompt tokens per prefill chunk."
