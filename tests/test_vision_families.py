@@ -25,14 +25,17 @@ from omlx_jobs.worker.vision.model import template_text  # noqa: E402
 from tests.test_vision import generate_text  # noqa: E402
 from tests.test_vision_engine import N_TOKENS, chat, mixed_bodies, png, run  # noqa: E402
 from tests.vision_fixtures import BUILDERS  # noqa: E402
+from tests.vision_fixtures_mistral import BUILDERS as MISTRAL_BUILDERS  # noqa: E402
+
+FIXTURES = {**BUILDERS, **MISTRAL_BUILDERS}
 
 
-@pytest.fixture(scope="module", params=sorted(BUILDERS))
+@pytest.fixture(scope="module", params=sorted(FIXTURES))
 def loaded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> VisionLoaded:
-    path: Path = BUILDERS[request.param](tmp_path_factory.mktemp(request.param))
+    path: Path = FIXTURES[request.param](tmp_path_factory.mktemp(request.param))
     out = loading.load(str(path))
     assert isinstance(out, VisionLoaded) and out.vision is not None and out.vision.batched
-    if request.param in ("llava", "gemma3"):  # as real checkpoints: only the tokenizer keeps the template
+    if request.param in ("llava", "gemma3", "mistral3", "pixtral"):  # as real checkpoints: only the tokenizer keeps the template
         assert not getattr(out.vision.processor, "chat_template", None), "the fixture must lack a processor template"
     return out
 

@@ -152,8 +152,9 @@ class VisionModel:
         """
         ids = list(self.tokenizer(self.family.expand_text(self, template_text(self, messages)))["input_ids"])
         counts = [self.image_tokens(im) for im in images]
+        fills = [self.family.image_ids(self, im, n) for im, n in zip(images, counts, strict=True)]
         try:
-            tokens, starts = expand_image_tokens(ids, self.image_token_id, counts)
+            tokens, starts = expand_image_tokens(ids, self.image_token_id, counts, fills)
         except ValueError as exc:
             message = f"{exc}; the text must not hold the model's image token"
             raise ImageError(ErrorCode.INVALID_IMAGE, message) from None

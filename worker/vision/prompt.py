@@ -71,8 +71,11 @@ def image_units(digest: bytes, length: int) -> list[int]:
     return out
 
 
-def expand_image_tokens(ids: list[int], image_token: int, counts: list[int]) -> tuple[list[int], list[int]]:
-    """Replace the k-th `image_token` in `ids` by counts[k] copies; return the ids and each image's start.
+def expand_image_tokens(
+    ids: list[int], image_token: int, counts: list[int], fills: list[list[int]] | None = None
+) -> tuple[list[int], list[int]]:
+    """Replace the k-th `image_token` in `ids` by counts[k] copies (or by fills[k], its counts[k] ids, where a
+    family puts other tokens among them); return the ids and each image's start.
 
     The chat template puts one image token per image; the vision tower decides how many it becomes.
     """
@@ -85,7 +88,7 @@ def expand_image_tokens(ids: list[int], image_token: int, counts: list[int]) -> 
     for t in ids:
         if t == image_token:
             starts.append(len(out))
-            out.extend([image_token] * counts[k])
+            out.extend(fills[k] if fills is not None else [image_token] * counts[k])
             k += 1
         else:
             out.append(t)

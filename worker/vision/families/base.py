@@ -78,6 +78,11 @@ class Family:
         """How many prompt tokens one image becomes, from its size alone."""
         raise NotImplementedError
 
+    def image_ids(self, vm: Any, image: Any, count: int) -> list[int]:
+        """The prompt ids of one image's `count` positions: its image token throughout (Pixtral's rows of image
+        tokens have break and end tokens among them)."""
+        return [self.image_token_id(vm)] * count
+
     def encode(self, vm: Any, image: Any) -> ImageFeatures:
         """The vision tower's features for one image, (tokens, hidden) in the input embeddings' space."""
         raise NotImplementedError
