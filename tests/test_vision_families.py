@@ -28,6 +28,7 @@ from tests.vision_fixtures import BUILDERS  # noqa: E402
 from tests.vision_fixtures_mistral import BUILDERS as MISTRAL_BUILDERS  # noqa: E402
 
 FIXTURES = {**BUILDERS, **MISTRAL_BUILDERS}
+TOKENIZER_TEMPLATE_ONLY = ("llava", "gemma3", "mistral3", "pixtral")
 
 
 @pytest.fixture(scope="module", params=sorted(FIXTURES))
@@ -35,7 +36,7 @@ def loaded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     path: Path = FIXTURES[request.param](tmp_path_factory.mktemp(request.param))
     out = loading.load(str(path))
     assert isinstance(out, VisionLoaded) and out.vision is not None and out.vision.batched
-    if request.param in ("llava", "gemma3", "mistral3", "pixtral"):  # as real checkpoints: only the tokenizer keeps the template
+    if request.param in TOKENIZER_TEMPLATE_ONLY:  # as real checkpoints: only the tokenizer keeps the template
         assert not getattr(out.vision.processor, "chat_template", None), "the fixture must lack a processor template"
     return out
 
