@@ -92,3 +92,52 @@ def mistral3_files(
 
 
 BUILDERS = {"mistral3": build_mistral3, "pixtral": build_pixtral}
+
+
+def build_llava_next(path: Path | str, *, seed: int = 0) -> Path:
+    """A tiny LLaVA-NeXT: a CLIP tower over 42-pixel crops (3 x 3 patches), pinpoints of 1 x 2, 2 x 1 and 2 x 2
+    crops: 3 or 5 crops per image, 54 or 90 image positions as mlx-vlm runs them."""
+    from tests.vision_fixtures import LLAVA_TEMPLATE
+
+    path = Path(path)
+    ids = _tokenizer(path, ["<unk>", "<s>", "</s>", "<image>"], "</s>", LLAVA_TEMPLATE, {"image_token": "<image>"})
+    text = {**TEXT, "model_type": "llama", "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
+    crop, patch = 42, 14
+    pinpoints = [[crop, 2 * crop], [2 * crop, crop], [2 * crop, 2 * crop]]
+    config = {
+        "model_type": "llava_next",
+        "architectures": ["LlavaNextForConditionalGeneration"],
+        "image_token_index": ids["<image>"],
+        "vision_feature_select_strategy": "default",
+        "vision_feature_layer": -2,
+        "image_grid_pinpoints": pinpoints,
+        "vocab_size": ids["vocab"],
+        "eos_token_id": ids["</s>"],
+        "text_config": {**text, "vocab_size": ids["vocab"], "max_position_embeddings": 1024},
+        "vision_config": {
+            **VISION,
+            "model_type": "clip_vision_model",
+            "image_size": crop,
+            "patch_size": patch,
+            "projection_dim": 32,
+        },
+    }
+    image = {
+        "image_processor_type": "LlavaNextImageProcessor",
+        "size": {"shortest_edge": crop},
+        "crop_size": {"height": crop, "width": crop},
+        "image_grid_pinpoints": pinpoints,
+        **_pixels(MEAN, STD, resample=3),
+        "do_center_crop": True,
+        "do_pad": True,
+    }
+    processor = {
+        "processor_class": "LlavaNextProcessor",
+        "patch_size": patch,
+        "vision_feature_select_strategy": "default",
+        "num_additional_image_tokens": 1,
+    }
+    return _finish(path, config, image, processor, seed)
+
+
+BUILDERS["llava_next"] = build_llava_next

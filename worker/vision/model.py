@@ -150,6 +150,10 @@ class VisionModel:
 
         `images` are the decoded image parts in prompt order (jobs/parts.image_urls).
         """
+        limit = self.family.max_images
+        if limit is not None and len(images) > limit:
+            message = f"this model reads at most {limit} image(s) per request, got {len(images)}: split the request"
+            raise ImageError(ErrorCode.IMAGE_REJECTED_BY_PROCESSOR, message)
         ids = list(self.tokenizer(self.family.expand_text(self, template_text(self, messages)))["input_ids"])
         counts = [self.image_tokens(im) for im in images]
         fills = [self.family.image_ids(self, im, n) for im, n in zip(images, counts, strict=True)]

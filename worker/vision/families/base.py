@@ -46,6 +46,8 @@ class Family:
     """mlx-lm's text model that decodes the family with token ids, sharing the language model's weights."""
     mrope = False
     """Whether positions are 3-D (mRoPE): text after an image then runs at its index plus a RoPE delta."""
+    max_images: int | None = None
+    """The most images one prompt may hold (LLaVA-NeXT: mlx-vlm reads only the first); None: no limit."""
     sliding = False
     """Sliding-window layers: the decode twin keeps mlx-lm's own caches (rotating ones, never trimmed) instead
     of PositionedKVCache layers, and image prefixes of several rows run one row at a time (a right-padded

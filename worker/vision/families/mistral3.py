@@ -50,12 +50,12 @@ class Mistral3(Family):
 
     def grid(self, vm: Any, image: Any) -> tuple[int, int]:
         """(rows, columns) of image tokens: the processor's resize, in units of patch_size * merge."""
-        from mlx_vlm.models.pixtral.image_processing_pixtral import _size_to_pair, get_resize_output_image_size
+        from mlx_vlm.models.pixtral import image_processing_pixtral as pip  # optional: the [vision] extra
 
         proc = vm.processor
         unit = proc.patch_size * proc.spatial_merge_size
-        size = _size_to_pair(proc.image_processor.size)
-        height, width = get_resize_output_image_size((image.height, image.width), size=size, patch_size=unit)
+        size = pip._size_to_pair(proc.image_processor.size)
+        height, width = pip.get_resize_output_image_size((image.height, image.width), size=size, patch_size=unit)
         return height // unit, width // unit
 
     def image_tokens(self, vm: Any, image: Any) -> int:
