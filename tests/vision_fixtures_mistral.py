@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.vision_fixtures import MEAN, STD, TEXT, VISION, _finish, _pixels, _tokenizer
+from tests.vision_fixtures import MEAN, STD, TEXT, VISION, _finish, _pixels, _tokenizer, _write_configs
 
 MISTRAL_TEMPLATE = (
     "{{ '<s>' }}{% for message in messages %}"
@@ -43,8 +43,9 @@ def build_pixtral(path: Path | str, *, seed: int = 0) -> Path:
 def mistral3_files(
     path: Path | str, *, model_type: str = "mistral3", shape: dict[str, Any] | None = None
 ) -> tuple[Path, dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Tokenizer files of a Mistral 3 (or Pixtral) checkpoint, and its configs. `shape` ("text", "vision",
-    "edge", "patch", "model_vocab"; bench/engine/vision.py's MISTRAL3_SHAPES) overrides the tiny sizes."""
+    """Tokenizer files of a Mistral 3 (or Pixtral) checkpoint, and its configs. `shape` ("text_type": mistral or
+    ministral3, "text", "rope" (Ministral 3's rope_parameters), "vision", "edge", "patch", "model_vocab";
+    bench/engine/vision.py's MISTRAL3_SHAPES) overrides the tiny sizes."""
     path = Path(path)
     shape = shape or {}
     edge, patch = shape.get("edge", EDGE), shape.get("patch", PATCH)
@@ -58,10 +59,11 @@ def mistral3_files(
         "max_position_embeddings": 1024,
         "tie_word_embeddings": False,
     }
-    if model_type == "mistral3":
+    if shape.get("text_type", "ministral3" if model_type == "mistral3" else "mistral") == "ministral3":
         rope = {"rope_type": "yarn", "type": "yarn", "rope_theta": 10000.0, "factor": 64.0, "beta_fast": 32.0}
         rope.update(beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)
         rope.update(original_max_position_embeddings=16, llama_4_scaling_beta=0.1)
+        rope.update(shape.get("rope", {}))
         text.update(model_type="ministral3", rope_parameters=rope)
     else:
         text.update(model_type="mistral", rope_theta=10000.0)
@@ -88,6 +90,7 @@ def mistral3_files(
         **_pixels(MEAN, STD, resample=3),
     }
     processor = {"processor_class": "PixtralProcessor", "patch_size": patch, "spatial_merge_size": merge}
+    _write_configs(path, config, image, processor)
     return path, config, image, processor
 
 
