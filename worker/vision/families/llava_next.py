@@ -1,5 +1,5 @@
-"""LLaVA-NeXT: any-resolution tiling (the base image plus tiles of the best grid pinpoint), a CLIP tower, a projector,
-image_newline; as mlx-vlm 0.7.10 computes it, which departs from the reference model (docs/images.md):
+"""LLaVA-NeXT: any-resolution tiling (the whole image and the tiles of its best grid pinpoint), a CLIP tower, a
+projector, image_newline rows; as mlx-vlm 0.7.10 computes it, which departs from the reference (docs/images.md).
 
 - Tiles: the image processor picks the pinpoint that fits the image best, resizes and pads the image to it and cuts
   it into crop-size tiles; with the whole image resized to the crop size first, that is 1 + tiles crops.
