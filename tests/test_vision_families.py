@@ -1,5 +1,6 @@
-"""The families beside Qwen2-VL batched through the one engine (vision/families/): LLaVA and Gemma 3, on tiny
-random checkpoints (tests/vision_fixtures.py). Greedy token ids equal single-request mlx_vlm.generate on the
+"""The families beside Qwen2-VL batched through the one engine (vision/families/): LLaVA, Gemma 3, Qwen3-VL,
+and (tests/vision_fixtures_mistral.py) Mistral 3, Pixtral and LLaVA-NeXT, on tiny random checkpoints
+(tests/vision_fixtures.py). Greedy token ids equal single-request mlx_vlm.generate on the
 same prompt, batched and alone, with and without prefix reuse; a repeated image after the same text is reused;
 text-only requests equal the text path; the prompt comes from the tokenizer's chat template (these processors
 keep none)."""
@@ -28,7 +29,7 @@ from tests.vision_fixtures import BUILDERS  # noqa: E402
 from tests.vision_fixtures_mistral import BUILDERS as MISTRAL_BUILDERS  # noqa: E402
 
 FIXTURES = {**BUILDERS, **MISTRAL_BUILDERS}
-TOKENIZER_TEMPLATE_ONLY = ("llava", "gemma3", "mistral3", "pixtral")
+TOKENIZER_TEMPLATE_ONLY = ("llava", "llava_next", "gemma3", "mistral3", "mistral3_small", "pixtral")
 
 
 @pytest.fixture(scope="module", params=sorted(FIXTURES))

@@ -4,8 +4,10 @@ template).
 
 - mistral3: a Ministral 3 text model (Llama 4 attention scaling from position 16 on, YaRN RoPE) under a Pixtral
   tower with a 2 x 2 patch merger: images up to 64 pixels a side, 8-pixel patches, 1 to 4 rows of 1 to 4 tokens.
-- pixtral: a Mistral (Llama-like) text model with an untied head, the same tower without a merger: 1 to 8 rows
-  of 1 to 8 tokens.
+- mistral3_small: the same with a Mistral (Llama-like) text model, as Mistral Small 3.1 / 3.2 have.
+- pixtral: a Mistral text model with an untied head, the same tower without a merger: 1 to 8 rows of 1 to 8
+  tokens.
+- llava_next: see build_llava_next.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ def build_mistral3(path: Path | str, *, seed: int = 0, shape: dict[str, Any] | N
     """A tiny Mistral 3 with a Ministral 3 text model. `shape` as in mistral3_files."""
     path, config, image, processor = mistral3_files(path, shape=shape)
     return _finish(path, config, image, processor, seed)
+
+
+def build_mistral3_small(path: Path | str, *, seed: int = 0) -> Path:
+    """A tiny Mistral 3 as Mistral Small 3.1 / 3.2 are: a Mistral (Llama-like) text model under the merger."""
+    return build_mistral3(path, seed=seed, shape={"text_type": "mistral"})
 
 
 def build_pixtral(path: Path | str, *, seed: int = 0) -> Path:
@@ -94,7 +101,7 @@ def mistral3_files(
     return path, config, image, processor
 
 
-BUILDERS = {"mistral3": build_mistral3, "pixtral": build_pixtral}
+BUILDERS = {"mistral3": build_mistral3, "mistral3_small": build_mistral3_small, "pixtral": build_pixtral}
 
 
 def build_llava_next(path: Path | str, *, seed: int = 0) -> Path:

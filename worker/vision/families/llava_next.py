@@ -37,7 +37,8 @@ class LlavaNext(Family):
 
     def text_config(self, vm: Any) -> dict[str, Any]:
         text = dataclasses.asdict(vm.model.language_model.config)
-        return {**text, "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False}
+        quant = {k: v for k, v in vm.config.items() if k in ("quantization", "quantization_config")}  # for _twin
+        return {**text, **quant, "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False}
 
     def crops(self, vm: Any, image: Any) -> int:
         """The crops the image processor gives this image: the whole image, and the tiles of its best pinpoint."""

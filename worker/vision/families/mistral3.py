@@ -46,7 +46,8 @@ class Mistral3(Family):
         text = dataclasses.asdict(vm.model.language_model.config)
         tied = getattr(vm.model.language_model, "lm_head", None) is None
         text.update(tie_word_embeddings=tied, attention_bias=False, mlp_bias=False)  # mlx-vlm's Mistral has none
-        return {"model_type": self.mlx_lm_type, "text_config": text}
+        quant = {k: v for k, v in vm.config.items() if k in ("quantization", "quantization_config")}  # for _twin
+        return {"model_type": self.mlx_lm_type, "text_config": text, **quant}
 
     def grid(self, vm: Any, image: Any) -> tuple[int, int]:
         """(rows, columns) of image tokens: the processor's resize, in units of patch_size * merge."""
