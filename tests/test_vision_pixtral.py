@@ -56,6 +56,21 @@ def test_an_image_prompt_is_what_mlx_vlm_runs(loaded: VisionLoaded, size: tuple[
     assert mx.allclose(ours, embeds[0, span.start : span.end], atol=1e-5).item()  # features where mlx-vlm puts them
 
 
+def test_images_of_very_different_sizes_batch_together(loaded: VisionLoaded) -> None:
+    """One batch of SIZES' images (different token counts, extreme aspect ratios, rows of different lengths): the
+    greedy ids equal mlx_vlm.generate's, request by request."""
+    from omlx_jobs.worker.engine.config import EngineConfig
+    from omlx_jobs.worker.engine.loop import Engine
+    from tests.test_vision_engine import run
+    from tests.test_vision_families import items, reference
+
+    bodies = [chat("What is this?" + " Look closely." * (i % 3), png(*size, i % 4)) for i, size in enumerate(SIZES)]
+    work = items(loaded, bodies)
+    assert len({m.length for w in work for m in w.prompt.media}) >= 2, "images of different token counts"
+    results, _ = run(Engine(loaded, EngineConfig(completion_batch_size=8, prefill_batch_size=4)), work)
+    assert [results[i].choices[0].token_ids for i in range(len(work))] == [reference(loaded, b) for b in bodies]
+
+
 def test_llava_next_refuses_a_second_image(loaded: VisionLoaded) -> None:
     """mlx-vlm 0.7.10's LLaVA-NeXT reads only a prompt's first image: two fail the request alone, with a reason."""
     body = chat("Which one is brighter?", png(60, 60, 1), png(84, 56, 3))
