@@ -94,3 +94,25 @@ def test_what_the_twin_cannot_compute_stays_serial(tmp_path: Path, text: dict) -
     vm = VisionModel.load(path)
     assert json.loads((path / "config.json").read_text())["text_config"].items() >= text.items()
     assert vm.model_type == "mistral3" and not vm.batched
+
+
+@pytest.mark.parametrize("family", ["mistral3_small", "llava_next"])
+def test_a_4bit_checkpoint_decodes_as_mlx_vlm_does(tmp_path: Path, family: str) -> None:
+    """mlx-community's checkpoints are quantized: the twin is quantized like the source and shares its arrays,
+    and the job still equals mlx_vlm.generate on the quantized model."""
+    from mlx_vlm.convert import convert
+
+    from omlx_jobs.worker.engine.config import EngineConfig
+    from omlx_jobs.worker.engine.loop import Engine
+    from tests.test_vision_engine import run
+    from tests.test_vision_families import bodies, items, reference
+
+    convert(str(BUILDERS[family](tmp_path / family)), str(tmp_path / "q"), quantize=True, q_group_size=32, q_bits=4)
+    loaded = loading.load(str(tmp_path / "q"))
+    assert isinstance(loaded, VisionLoaded) and loaded.vision is not None and loaded.vision.batched
+    twin = getattr(loaded.model, "language_model", loaded.model)
+    assert type(twin.model.layers[0].self_attn.q_proj).__name__ == "QuantizedLinear"
+    work = items(loaded, bodies(loaded))
+    results, _ = run(Engine(loaded, EngineConfig(min_shared_tokens=8)), work)
+    got = [results[i].choices[0].token_ids for i in range(len(work))]
+    assert got == [reference(loaded, b) for b in bodies(loaded)]
