@@ -82,6 +82,9 @@ def expand_image_tokens(
     found = sum(1 for t in ids if t == image_token)
     if found != len(counts):
         raise ValueError(f"the chat template placed {found} image token(s) for {len(counts)} image(s)")
+    for n, fill in zip(counts, fills or (), strict=False):
+        if len(fill) != n:
+            raise ValueError(f"an image of {n} positions needs {n} ids, got {len(fill)}")
     out: list[int] = []
     starts: list[int] = []
     k = 0
