@@ -1,5 +1,6 @@
-"""The families beside Qwen2-VL batched through the one engine (vision/families/): LLaVA and Gemma 3, on tiny
-random checkpoints (tests/vision_fixtures.py). Greedy token ids equal single-request mlx_vlm.generate on the
+"""The families beside Qwen2-VL batched through the one engine (vision/families/): LLaVA, Gemma 3, Qwen3-VL,
+and (tests/vision_fixtures_mistral.py) Mistral 3, Pixtral and LLaVA-NeXT, on tiny random checkpoints
+(tests/vision_fixtures.py). Greedy token ids equal single-request mlx_vlm.generate on the
 same prompt, batched and alone, with and without prefix reuse; a repeated image after the same text is reused;
 text-only requests equal the text path; the prompt comes from the tokenizer's chat template (these processors
 keep none)."""
@@ -25,14 +26,18 @@ from omlx_jobs.worker.vision.model import template_text  # noqa: E402
 from tests.test_vision import generate_text  # noqa: E402
 from tests.test_vision_engine import N_TOKENS, chat, mixed_bodies, png, run  # noqa: E402
 from tests.vision_fixtures import BUILDERS  # noqa: E402
+from tests.vision_fixtures_mistral import BUILDERS as MISTRAL_BUILDERS  # noqa: E402
+
+FIXTURES = {**BUILDERS, **MISTRAL_BUILDERS}
+TOKENIZER_TEMPLATE_ONLY = ("llava", "llava_next", "gemma3", "mistral3", "mistral3_small", "pixtral")
 
 
-@pytest.fixture(scope="module", params=sorted(BUILDERS))
+@pytest.fixture(scope="module", params=sorted(FIXTURES))
 def loaded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> VisionLoaded:
-    path: Path = BUILDERS[request.param](tmp_path_factory.mktemp(request.param))
+    path: Path = FIXTURES[request.param](tmp_path_factory.mktemp(request.param))
     out = loading.load(str(path))
     assert isinstance(out, VisionLoaded) and out.vision is not None and out.vision.batched
-    if request.param in ("llava", "gemma3"):  # as real checkpoints: only the tokenizer keeps the template
+    if request.param in TOKENIZER_TEMPLATE_ONLY:  # as real checkpoints: only the tokenizer keeps the template
         assert not getattr(out.vision.processor, "chat_template", None), "the fixture must lack a processor template"
     return out
 
@@ -89,20 +94,26 @@ def prepared_generate(vm: Any, text: str, pics: list[Any]) -> list[int]:
     return list(result.token_ids)
 
 
-def bodies() -> list[dict[str, Any]]:
+def bodies(loaded: VisionLoaded) -> list[dict[str, Any]]:
     """test_vision_engine's mixed job without its last two rows (a second image's system group): each family's
     fixture runs it batched and single, so it stays a few seconds."""
-    return mixed_bodies()[:-2]
+    limit = loaded.vision.family.max_images if loaded.vision is not None else None  # LLaVA-NeXT: one image
+    return [b for b in mixed_bodies()[:-2] if limit is None or len(images_of(b)) <= limit]
+
+
+def images_of(body: dict[str, Any]) -> list[Any]:
+    parts = [m["content"] for m in body["messages"] if isinstance(m["content"], list)]
+    return [p for content in parts for p in content if p["type"] == "image_url"]
 
 
 @pytest.mark.parametrize("prefix_cache", [True, False])
 def test_batched_image_job_equals_single_request_mlx_vlm(loaded: VisionLoaded, prefix_cache: bool) -> None:
-    work = items(loaded, bodies())
+    work = items(loaded, bodies(loaded))
     assert len({len(w.prompt) for w in work}) > 5, "rows of different lengths"
     config = EngineConfig(prefix_cache=prefix_cache, completion_batch_size=5, prefill_batch_size=3, min_shared_tokens=8)
     results, stats = run(Engine(loaded, config), work)
     got = [results[i].choices[0].token_ids for i in range(len(work))]
-    assert got == [reference(loaded, b) for b in bodies()]
+    assert got == [reference(loaded, b) for b in bodies(loaded)]
     assert all(results[i].prompt_tokens == len(w.prompt) for i, w in enumerate(work))  # image tokens count
     if prefix_cache:  # the system prompt and its image, shared by 3 questions
         assert stats.prefill_tokens < sum(len(w.prompt) for w in work)

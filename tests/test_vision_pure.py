@@ -28,6 +28,16 @@ def test_expand_image_tokens() -> None:
         expand_image_tokens([IMG, IMG], IMG, [1])
 
 
+def test_expand_image_tokens_with_other_ids_among_them() -> None:
+    """Pixtral: each image's positions hold rows of image tokens with a break and an end token among them."""
+    BRK, END = 97, 98
+    ids, starts = expand_image_tokens([1, IMG, 2, IMG], IMG, [3, 5], [[IMG, IMG, END], [IMG, BRK, IMG, BRK, END]])
+    assert ids == [1, IMG, IMG, END, 2, IMG, BRK, IMG, BRK, END]
+    assert starts == [1, 5]
+    with pytest.raises(ValueError, match="3 ids"):
+        expand_image_tokens([IMG], IMG, [3], [[IMG, END]])
+
+
 def test_spans_are_checked() -> None:
     with pytest.raises(ValueError):
         VisionPrompt((1, 2, 3), (ImageSpan(2, 2, b"x"),))  # past the end

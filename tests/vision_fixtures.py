@@ -289,7 +289,7 @@ def _sharpen(model: Any, config: dict[str, Any]) -> None:
             last.weight = mx.random.normal(last.weight.shape, dtype=dt) * (4.0 / last.weight.shape[1] ** 0.5)
         return
     proj = model.multi_modal_projector
-    if config["model_type"] == "llava":
+    if config["model_type"] in ("llava", "llava_next", "mistral3", "pixtral"):  # a two-layer MLP projector
         last = proj.linear_2
         last.weight = mx.random.normal(last.weight.shape, dtype=dt) * (4.0 / last.weight.shape[1] ** 0.5)
     else:  # gemma3: the projection is mx.ones at init (every output alike); features go in / sqrt(hidden)

@@ -22,6 +22,10 @@ the 64 greedy outputs equal the mlx-vlm loop's token for token.
     .venv/bin/python bench/engine/vision.py --model tiny:gemma3 --quick          # Gemma 3 tiny fixture (or tiny:llava)
     python3 bench/engine/vision.py --model random:gemma3-4b --dtype bfloat16     # a GPU: Gemma-3-4B's shape
     .venv/bin/python bench/engine/vision.py --model random:gemma3-mini --quick   # that code path, small, on a CPU
+    .venv/bin/python bench/engine/vision.py --model tiny:mistral3 --quick        # or tiny:pixtral, tiny:llava_next
+    python3 bench/engine/vision.py --model random:mistral3-24b --dtype bfloat16  # a GPU: Mistral-Small-3.1-24B
+    python3 bench/engine/vision.py --model random:ministral3-8b --dtype bfloat16 # a GPU: Ministral-3-8B's shape
+    .venv/bin/python bench/engine/vision.py --model random:mistral3-mini --quick # that code path, small, on a CPU
 """
 
 from __future__ import annotations
@@ -109,6 +113,70 @@ GEMMA3_SHAPES = {
         "model_vocab": 4096,
     },
 }
+_PIXTRAL_TOWER = {  # Mistral Small 3.1's and Ministral 3's vision tower: 24 x 1024, 14-pixel patches, 2-D RoPE
+    "num_hidden_layers": 24,
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "num_attention_heads": 16,
+    "head_dim": 64,
+}
+_MISTRAL_TEXT = {"num_key_value_heads": 8, "head_dim": 128, "num_attention_heads": 32, "rms_norm_eps": 1e-5}
+MISTRAL3_SHAPES = {  # tests/vision_fixtures_mistral.mistral3_files' shapes; images are not resized below 1540
+    "mistral3-24b": {  # Mistral-Small-3.1-24B-Instruct's shape: a Mistral (Llama-like) text model
+        "text_type": "mistral",
+        "text": {
+            **_MISTRAL_TEXT,
+            "hidden_size": 5120,
+            "num_hidden_layers": 40,
+            "intermediate_size": 32768,
+            "rope_theta": 1e9,
+            "max_position_embeddings": 131072,
+        },
+        "vision": _PIXTRAL_TOWER,
+        "edge": 1540,
+        "patch": 14,
+        "model_vocab": 131072,
+    },
+    "ministral3-8b": {  # Ministral-3-8B-Instruct's shape: Llama 4 attention scaling, YaRN
+        "text_type": "ministral3",
+        "text": {
+            **_MISTRAL_TEXT,
+            "hidden_size": 4096,
+            "num_hidden_layers": 34,
+            "intermediate_size": 14336,
+            "max_position_embeddings": 262144,
+        },
+        "rope": {"rope_theta": 1e9, "factor": 16.0, "original_max_position_embeddings": 16384},
+        "vision": _PIXTRAL_TOWER,
+        "edge": 1540,
+        "patch": 14,
+        "model_vocab": 131072,
+    },
+    "mistral3-mini": {  # the same code path as ministral3-8b, CPU-sized: 4 layers, 2 tower layers
+        "text_type": "ministral3",
+        "text": {
+            **_MISTRAL_TEXT,
+            "hidden_size": 256,
+            "num_hidden_layers": 4,
+            "intermediate_size": 512,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "max_position_embeddings": 8192,
+        },
+        "rope": {"original_max_position_embeddings": 64},
+        "vision": {
+            **_PIXTRAL_TOWER,
+            "num_hidden_layers": 2,
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_attention_heads": 2,
+        },
+        "edge": 448,
+        "patch": 14,
+        "model_vocab": 4096,
+    },
+}
 SYSTEM = "You are a careful visual assistant. Look at the picture and answer the question in a few words."
 QUESTIONS = [
     "What is in this picture?",
@@ -151,6 +219,8 @@ def load_model(spec: str, dtype: str | None, side: int) -> Any:
         )
     if spec.startswith("random:gemma3"):
         return random_gemma3(root, spec.split(":", 1)[1], dtype)
+    if spec.split(":", 1)[-1] in MISTRAL3_SHAPES:
+        return random_mistral3(root, spec.split(":", 1)[1], dtype)
     if spec.startswith("random:"):
         name = spec.split(":", 1)[1]
         config = tiny_vlm.write_vlm_files(
@@ -163,11 +233,12 @@ def load_model(spec: str, dtype: str | None, side: int) -> Any:
         )
         model = tiny_vlm.random_vlm(config, attention_scale=1.0, dtype=dtype or "bfloat16")
         return VisionModel.with_weights(root / name, model)
-    if spec.startswith("tiny:"):  # another family's tiny fixture (tests/vision_fixtures.py)
-        from tests import vision_fixtures
+    if spec.startswith("tiny:"):  # another family's tiny fixture (tests/vision_fixtures*.py)
+        from tests import vision_fixtures, vision_fixtures_mistral
 
         family = spec.split(":", 1)[1]
-        return VisionModel.load(vision_fixtures.BUILDERS[family](root / family))
+        builders = {**vision_fixtures.BUILDERS, **vision_fixtures_mistral.BUILDERS}
+        return VisionModel.load(builders[family](root / family))
     return VisionModel.load(spec)
 
 
@@ -178,6 +249,16 @@ def random_gemma3(root: Path, name: str, dtype: str | None) -> Any:
     from tests import vision_fixtures
 
     path, config, _, _ = vision_fixtures.gemma3_files(root / name, shape=GEMMA3_SHAPES[name])
+    model = vision_fixtures.random_model(config, dtype=dtype or "bfloat16")
+    return VisionModel.with_weights(path, model)
+
+
+def random_mistral3(root: Path, name: str, dtype: str | None) -> Any:
+    """Mistral 3 of MISTRAL3_SHAPES[name] with random weights (bfloat16 unless told), as random_gemma3."""
+    from omlx_jobs.worker.vision.model import VisionModel
+    from tests import vision_fixtures, vision_fixtures_mistral
+
+    path, config, _, _ = vision_fixtures_mistral.mistral3_files(root / name, shape=MISTRAL3_SHAPES[name])
     model = vision_fixtures.random_model(config, dtype=dtype or "bfloat16")
     return VisionModel.with_weights(path, model)
 
@@ -344,8 +425,9 @@ def main() -> None:
     ap.add_argument(
         "--model",
         default="tiny",
-        help="tiny | tiny:gemma3 | tiny:qwen3_vl | tiny:llava | random:qwen2-vl-7b | random:qwen2-vl-mini | "
-        "random:gemma3-4b | random:gemma3-mini | a model dir",
+        help="tiny | tiny:gemma3 | tiny:qwen3_vl | tiny:llava | tiny:llava_next | tiny:mistral3 | tiny:pixtral | "
+        "random:qwen2-vl-7b | random:qwen2-vl-mini | random:gemma3-4b | random:gemma3-mini | random:mistral3-24b | "
+        "random:ministral3-8b | random:mistral3-mini | a model dir",
     )
     ap.add_argument("--dtype", default=None, help="random models: bfloat16 (default) or float16/float32")
     ap.add_argument("--quick", action="store_true", help="16 questions over 4 images, 8 tokens")

@@ -150,10 +150,15 @@ class VisionModel:
 
         `images` are the decoded image parts in prompt order (jobs/parts.image_urls).
         """
+        limit = self.family.max_images
+        if limit is not None and len(images) > limit:
+            message = f"this model reads at most {limit} image(s) per request, got {len(images)}: split the request"
+            raise ImageError(ErrorCode.IMAGE_REJECTED_BY_PROCESSOR, message)
         ids = list(self.tokenizer(self.family.expand_text(self, template_text(self, messages)))["input_ids"])
         counts = [self.image_tokens(im) for im in images]
+        fills = [self.family.image_ids(self, im, n) for im, n in zip(images, counts, strict=True)]
         try:
-            tokens, starts = expand_image_tokens(ids, self.image_token_id, counts)
+            tokens, starts = expand_image_tokens(ids, self.image_token_id, counts, fills)
         except ValueError as exc:
             message = f"{exc}; the text must not hold the model's image token"
             raise ImageError(ErrorCode.INVALID_IMAGE, message) from None

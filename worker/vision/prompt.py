@@ -71,21 +71,27 @@ def image_units(digest: bytes, length: int) -> list[int]:
     return out
 
 
-def expand_image_tokens(ids: list[int], image_token: int, counts: list[int]) -> tuple[list[int], list[int]]:
-    """Replace the k-th `image_token` in `ids` by counts[k] copies; return the ids and each image's start.
+def expand_image_tokens(
+    ids: list[int], image_token: int, counts: list[int], fills: list[list[int]] | None = None
+) -> tuple[list[int], list[int]]:
+    """Replace the k-th `image_token` in `ids` by counts[k] copies (or by fills[k], its counts[k] ids, where a
+    family puts other tokens among them); return the ids and each image's start.
 
     The chat template puts one image token per image; the vision tower decides how many it becomes.
     """
     found = sum(1 for t in ids if t == image_token)
     if found != len(counts):
         raise ValueError(f"the chat template placed {found} image token(s) for {len(counts)} image(s)")
+    for n, fill in zip(counts, fills or (), strict=False):
+        if len(fill) != n:
+            raise ValueError(f"an image of {n} positions needs {n} ids, got {len(fill)}")
     out: list[int] = []
     starts: list[int] = []
     k = 0
     for t in ids:
         if t == image_token:
             starts.append(len(out))
-            out.extend([image_token] * counts[k])
+            out.extend(fills[k] if fills is not None else [image_token] * counts[k])
             k += 1
         else:
             out.append(t)

@@ -46,6 +46,8 @@ class Family:
     """mlx-lm's text model that decodes the family with token ids, sharing the language model's weights."""
     mrope = False
     """Whether positions are 3-D (mRoPE): text after an image then runs at its index plus a RoPE delta."""
+    max_images: int | None = None
+    """The most images one prompt may hold (LLaVA-NeXT: mlx-vlm reads only the first); None: no limit."""
     sliding = False
     """Sliding-window layers: the decode twin keeps mlx-lm's own caches (rotating ones, never trimmed) instead
     of PositionedKVCache layers, and image prefixes of several rows run one row at a time (a right-padded
@@ -77,6 +79,11 @@ class Family:
     def image_tokens(self, vm: Any, image: Any) -> int:
         """How many prompt tokens one image becomes, from its size alone."""
         raise NotImplementedError
+
+    def image_ids(self, vm: Any, image: Any, count: int) -> list[int]:
+        """The prompt ids of one image's `count` positions: its image token throughout (Pixtral's rows of image
+        tokens have break and end tokens among them)."""
+        return [self.image_token_id(vm)] * count
 
     def encode(self, vm: Any, image: Any) -> ImageFeatures:
         """The vision tower's features for one image, (tokens, hidden) in the input embeddings' space."""
