@@ -87,6 +87,12 @@ def test_reused_prefix_vectors_equal_vectors_without_reuse(tmp_path: Path, pooli
     bodies = [{"input": TEXTS[:4]}, {"input": TEXTS[4]}, {"input": TEXTS[5:] + TEXTS[:1]}, {"input": ids}]
     got, stats = run(reuse, bodies)
     want, plain_stats = run(plain, bodies)
+    # Lengths padded to a multiple of 16 (as on CUDA, where each attention shape costs a cuDNN plan): the same.
+    padded = EmbeddingEngine(loaded, EngineConfig(min_shared_tokens=8), token_budget=48, pad_to=16)
+    for g, p in zip(got, run(padded, bodies)[0], strict=True):
+        gv, pv = StoredVectors.decode(g.vectors or b""), StoredVectors.decode(p.vectors or b"")
+        for i in range(gv.count):
+            np.testing.assert_allclose(gv.vector(i), pv.vector(i), atol=2e-5)
     prefix_len = len(loaded.tokenizer.encode(PREFIX)) - 2  # what all inputs surely share (BPE may merge the end)
     skip = 0 if include_prompt else len(loaded.tokenizer.encode(PREFIX)) - 1
     texts = [TEXTS[:4], [TEXTS[4]], TEXTS[5:] + TEXTS[:1]]

@@ -149,7 +149,8 @@ class EmbeddingEngine:
         """Each group's members in length-sorted batches of their own suffixes under the token budget: (group,
         batch of row indices, whether it is the group's first batch, and its last)."""
         for group in groups:
-            own = [len(rows[j]) - group.prefix for j in group.members]
+            step = self.runner.pad_to  # planned at their padded lengths: a length bucket gets one row count
+            own = [-(-(len(rows[j]) - group.prefix) // step) * step for j in group.members]
             batches = plan_batches(own, self.runner.token_budget, self.runner.max_rows)
             for n, batch in enumerate(batches):
                 yield group, [group.members[k] for k in batch], n == 0, n == len(batches) - 1
