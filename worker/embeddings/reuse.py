@@ -1,5 +1,6 @@
 """Prefix reuse for a causal embedding model: a group's shared prefix (prefix.py) runs once into KV caches, its
-hidden states kept for a mean, and each batch of the members' own suffixes runs from those caches, copied per row.
+hidden states kept for a mean, and each batch of the members' own suffixes runs from those caches, broadcast to
+every row.
 
 Exact on causal attention: a prefix position attends only to positions before it, so its keys, values and hidden
 states are the same whatever follows. Never used for an encoder (bidirectional: every position sees the end).
@@ -14,6 +15,7 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.models.cache import KVCache
 
 from omlx_jobs.worker.embeddings.runner import masked_sum, right_pad
 
@@ -22,6 +24,21 @@ Extend = Callable[[mx.array, list[Any]], mx.array]
 NewCache = Callable[[], list[Any]]
 """The model's empty KV caches (one per layer): plain KVCache only, so they can be copied per row."""
 REUSE_POOLINGS = ("lasttoken", "mean")
+
+
+class _FromPrefix(KVCache):
+    """A KV cache holding a prefix's keys and values for every row (broadcast, not copied), extended once by the
+    suffixes: one concatenation, where KVCache would allocate its 256-position steps and copy into them."""
+
+    def __init__(self, keys: mx.array, values: mx.array) -> None:
+        super().__init__()
+        self.keys, self.values, self.offset = keys, values, keys.shape[2]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self.keys = mx.concatenate([self.keys, keys], axis=2)
+        self.values = mx.concatenate([self.values, values], axis=2)
+        self.offset += keys.shape[2]
+        return self.keys, self.values
 
 
 @dataclass
@@ -63,9 +80,10 @@ def embed_suffixes(
     prefix's first token."""
     ids, _ = right_pad(suffixes, pad_id, pad_to)
     rows, n = len(suffixes), prefix.length
-    caches = new_cache()
-    for c, k, v in zip(caches, prefix.keys, prefix.values, strict=True):
-        c.state = (mx.repeat(k, rows, axis=0), mx.repeat(v, rows, axis=0), n)
+    caches = [
+        _FromPrefix(mx.broadcast_to(k, (rows, *k.shape[1:])), mx.broadcast_to(v, (rows, *v.shape[1:])))
+        for k, v in zip(prefix.keys, prefix.values, strict=True)
+    ]
     hidden = extend(mx.array(ids), caches).astype(mx.float32)
     lengths = mx.array([len(s) for s in suffixes])
     if pooling == "lasttoken":
