@@ -29,6 +29,9 @@ EMBED_BATCH_TOKENS = 16384
 """Padded tokens per embedding forward pass (rows x longest row): bounds its activations (worker/embeddings/)."""
 EMBED_BATCH_ROWS = 256
 """Most inputs in one embedding forward pass."""
+EMBED_PAD_TO_CUDA = 32
+"""On CUDA an embedding batch pads its rows to a multiple of this many tokens: each new attention shape costs a
+cuDNN plan there, so varied lengths share a few (worker/embeddings/engine.py)."""
 MIN_SHARED_TOKENS = 16
 """Shortest shared prefix worth a warm-up (--min-shared-tokens)."""
 CACHE_MEMORY = 2 * 1024**3

@@ -39,11 +39,18 @@ def _eta_line(s: dict[str, Any]) -> str | None:
     state = eta.get("state")
     if s["status"] in lifecycle.TERMINAL or state in (None, "done"):
         return None
+    prompt = eta.get("basis") == "prompt"  # a job that generates nothing (embeddings): prompt tokens left
     if state == "estimating":
-        return "eta        estimating (too little generated yet)"
+        return (
+            "eta        estimating (too few requests finished yet)"
+            if prompt
+            else "eta        estimating (too little generated yet)"
+        )
     if state == "stalled":
-        return "eta        - (no tokens generated in the last seconds)"
-    return f"eta        {duration(eta['eta_seconds'])} (about {eta['remaining_tokens']:,} tokens to generate)"
+        what = "computed" if prompt else "generated"
+        return f"eta        - (no tokens {what} in the last seconds)"
+    left = "prompt tokens to compute" if prompt else "tokens to generate"
+    return f"eta        {duration(eta['eta_seconds'])} (about {eta['remaining_tokens']:,} {left})"
 
 
 def _rate(u: dict[str, Any], t: dict[str, Any]) -> str:

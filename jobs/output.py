@@ -80,7 +80,10 @@ def embeddings_body(row: Any, model: str) -> dict[str, Any]:
         vector: Any = base64.b64encode(stored.vector_bytes(i)).decode("ascii") if stored.base64 else stored.vector(i)
         data.append({"object": "embedding", "index": i, "embedding": vector})
     prompt = row.prompt_tokens or 0
-    return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": prompt, "total_tokens": prompt}}
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt}
+    if getattr(row, "cached_tokens", None):  # a shared prefix computed once (as completions report it)
+        usage["prompt_tokens_details"] = {"cached_tokens": row.cached_tokens}
+    return {"object": "list", "data": data, "model": model, "usage": usage}
 
 
 _FLOAT32 = "%.9g".__mod__  # 9 significant digits: every float32 reads back exactly, in ~60% of repr's text

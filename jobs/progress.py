@@ -31,6 +31,9 @@ def max_completion_tokens(bodies: Iterable[dict[str, Any]]) -> float | None:
     """The mean of max_tokens x n over request bodies (what an answer may run to), or None for none."""
     limits = []
     for body in bodies:
+        if "input" in body:  # an embeddings body: it generates nothing (the ETA counts its prompt tokens)
+            limits.append(0)
+            continue
         try:
             params = SamplingParams.from_body(body)
         except (TypeError, ValueError):  # a body the validator let through in another version: skip it
@@ -66,6 +69,8 @@ def live_figures(
         counted_completion_tokens=counted_completion,
         counted_seconds=counted_seconds,
         max_completion_tokens=max_tokens,
+        prompt_tokens=counts.prompt_tokens,
+        cached_tokens=counts.cached_tokens,
     )
     eta = estimate(progress, rates, terminal=terminal)
     return {

@@ -1,5 +1,6 @@
 """A running job's figures from its live token counts (store/ticks.py): tokens per second now, per worker and in
-all, requests in flight, throughput over time binned by when tokens were computed, and the ETA. Pure.
+all, requests in flight, throughput over time binned by when tokens were computed, and the ETA (from tokens left
+to generate, or for a job that generates nothing, embeddings, from prompt tokens left to compute). Pure.
 
 Rows are spans of one worker's tokens; a span's tokens are taken as spread evenly over it, both for a rate
 over a window and for the plot's bins.
@@ -162,10 +163,14 @@ class Estimate:
     remaining_tokens: int | None = None
     expected_completion_tokens: float | None = None
     """Tokens one unfinished request is expected to generate in all."""
+    basis: str = "generated"
+    """What remaining_tokens counts and the rate divides: "generated" tokens, or for a job whose requests
+    generate nothing (embeddings, scoring) "prompt" tokens left to compute at the prompt tokens per second now."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "state": self.state,
+            "basis": self.basis,
             "eta_seconds": None if self.eta_seconds is None else round(self.eta_seconds, 1),
             "remaining_tokens": self.remaining_tokens,
             "expected_completion_tokens": (
@@ -187,7 +192,12 @@ class Progress:
     counted_seconds: float
     """Time covered by live counts so far."""
     max_completion_tokens: float | None
-    """The mean of max_tokens x n over (a sample of) the job's requests; None when unknown."""
+    """The mean of max_tokens x n over (a sample of) the job's requests; None when unknown; 0 when they generate
+    nothing (embeddings)."""
+    prompt_tokens: int = 0
+    """Of the completed requests."""
+    cached_tokens: int = 0
+    """Of the completed requests: their prompt tokens not computed for them (a prefix computed once)."""
 
 
 def estimate(p: Progress, now: Current, *, terminal: bool = False) -> Estimate:
@@ -200,6 +210,8 @@ def estimate(p: Progress, now: Current, *, terminal: bool = False) -> Estimate:
     if p.completed >= MIN_FINISHED:
         mean = p.completion_tokens / p.completed
         expected = min(mean, expected) if expected is not None else mean
+    if expected == 0:
+        return _prompt_estimate(p, now)
     if expected is None or p.counted_seconds < MIN_ESTIMATE_SECONDS:
         return Estimate("estimating", expected_completion_tokens=expected)
     started = max(0, p.counted_completion_tokens - p.completion_tokens)
@@ -208,3 +220,15 @@ def estimate(p: Progress, now: Current, *, terminal: bool = False) -> Estimate:
     if now.generated_tokens_per_second <= 0:
         return Estimate("stalled", None, remaining, expected)
     return Estimate("tokens", remaining / now.generated_tokens_per_second, remaining, expected)
+
+
+def _prompt_estimate(p: Progress, now: Current) -> Estimate:
+    """A job that generates nothing: tokens left = unfinished requests x the completed ones' mean prompt tokens x
+    the share of them computed (not cached); ETA = that / the prompt tokens per second now (computed ones)."""
+    if p.completed < MIN_FINISHED or p.counted_seconds < MIN_ESTIMATE_SECONDS or not p.prompt_tokens:
+        return Estimate("estimating", expected_completion_tokens=0.0, basis="prompt")
+    computed = 1 - min(p.cached_tokens, p.prompt_tokens) / p.prompt_tokens
+    remaining = int(p.pending * p.prompt_tokens / p.completed * computed)
+    if now.prompt_tokens_per_second <= 0:
+        return Estimate("stalled", None, remaining, 0.0, basis="prompt")
+    return Estimate("tokens", remaining / now.prompt_tokens_per_second, remaining, 0.0, basis="prompt")

@@ -180,6 +180,19 @@ def test_the_eta_counts_tokens_left_at_the_current_rate() -> None:
     assert estimate(_progress(), now, terminal=True).eta_seconds is None
 
 
+def test_a_job_that_generates_nothing_counts_its_prompt_tokens_left() -> None:
+    """Embeddings: tokens left = pending x the finished requests' mean prompt tokens x the share computed (not
+    cached), at the prompt tokens per second now; generating nothing is not a stall."""
+    embed = {"max_completion_tokens": 0.0, "completion_tokens": 0, "counted_completion_tokens": 0}
+    p = _progress(pending=50, completed=50, prompt_tokens=5000, cached_tokens=1000, **embed)
+    e = estimate(p, Current(prompt_tokens_per_second=400.0, in_flight=8))
+    assert (e.state, e.basis, e.remaining_tokens) == ("tokens", "prompt", 50 * 100 * 4 // 5)
+    assert e.eta_seconds == pytest.approx(10.0) and e.to_dict()["basis"] == "prompt"
+    assert estimate(p, Current()).state == "stalled"
+    assert estimate(_progress(completed=3, prompt_tokens=300, **embed), Current(400.0)).state == "estimating"
+    assert estimate(_progress(), Current(generated_tokens_per_second=1000.0)).basis == "generated"
+
+
 def test_the_engines_counters_match_its_run_totals_and_move_before_anything_finishes(tiny_loaded) -> None:  # type: ignore[no-untyped-def]
     from omlx_jobs.worker.engine.config import EngineConfig
     from omlx_jobs.worker.engine.contract import Control, Hooks

@@ -12,7 +12,13 @@ MODES = {"lasttoken": "pooling_mode_lasttoken", "mean": "pooling_mode_mean_token
 
 
 def write_sentence_transformers(
-    path: Path, *, pooling: str = "lasttoken", normalize: bool = True, prefix: str = "", matryoshka: bool = True
+    path: Path,
+    *,
+    pooling: str = "lasttoken",
+    normalize: bool = True,
+    prefix: str = "",
+    matryoshka: bool = True,
+    include_prompt: bool = True,
 ) -> Path:
     """The sentence-transformers files of an embedding model in `path`, declaring `pooling` and the rest."""
     modules = [
@@ -24,6 +30,7 @@ def write_sentence_transformers(
     (path / "modules.json").write_text(json.dumps(modules))
     (path / "1_Pooling").mkdir(exist_ok=True)
     config = {"word_embedding_dimension": 64, **{key: name == pooling for name, key in MODES.items()}}
+    config["include_prompt"] = include_prompt
     (path / "1_Pooling" / "config.json").write_text(json.dumps(config))
     st = {"prompts": {"query": prefix, "document": ""}, "default_prompt_name": "query" if prefix else None}
     if matryoshka:

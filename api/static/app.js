@@ -253,7 +253,10 @@ function renderStats(job) {
   stat(dl, "counted live", "prompt " + num(live.prefilled_tokens) + " computed, " + num(live.generated_tokens) +
     " generated over " + duration(live.counted_seconds));
   const t = job.throughput;
-  stat(dl, "average", t.completion_tokens_per_second + " generated tok/s, " + t.requests_per_second +
+  // A job that generates nothing (embeddings) is rated by the prompt tokens it embedded.
+  const embedded = u.completion_tokens === 0 && u.prompt_tokens > 0;
+  const avg = embedded ? t.prompt_tokens_per_second + " embedded tok/s, " : t.completion_tokens_per_second + " generated tok/s, ";
+  stat(dl, "average", avg + t.requests_per_second +
     " req/s over " + duration(t.elapsed_seconds) + " (finished requests)");
   stat(dl, "cache-hit share", pct(job.cache.cached_token_share) + " of prompt tokens cached; " +
     pct(job.cache.hit_share) + " of prefix lookups hit");

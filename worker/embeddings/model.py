@@ -14,10 +14,12 @@ from typing import Any
 
 import mlx.core as mx
 import mlx_lm
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from omlx_jobs.errors import ErrorCode
 from omlx_jobs.jobs.embeddings import EMBEDDINGS_URL
 from omlx_jobs.worker.embeddings.pooling import EmbeddingConfig, read_config
+from omlx_jobs.worker.embeddings.reuse import Extend, NewCache
 from omlx_jobs.worker.embeddings.runner import Forward
 from omlx_jobs.worker.models.loaded import LoadedModel
 from omlx_jobs.worker.models.paths import ModelLoadError, context_length_of, model_identity
@@ -32,6 +34,9 @@ class EmbeddingPrompt(Prompt):
     items: tuple[tuple[int, ...], ...] = ()
     dimensions: int | None = None
     base64: bool = False
+    starts: tuple[int, ...] = ()
+    """Per item, its leading positions a mean leaves out (the instruction prompt, where the model's pooling
+    excludes it); empty: none."""
 
 
 @dataclass
@@ -43,6 +48,9 @@ class EmbeddingModel(LoadedModel):
     causal: bool = True
     """A decoder's attention is causal (a shared prefix is exact to reuse); an encoder's is bidirectional."""
     dim: int = 0
+    extend: Extend | None = None
+    """A causal model's forward pass from KV caches (reuse.py), or None: no prefix reuse."""
+    new_cache: NewCache | None = None
 
     def prompt(self, endpoint: str, body: dict[str, Any]) -> Prompt:
         """The request's items, tokenized and checked (PromptError names the item that cannot run)."""
@@ -57,7 +65,17 @@ class EmbeddingModel(LoadedModel):
             self._check_dimensions(int(dims))
         items = tuple(tuple(self._item(item, i)) for i, item in enumerate(body["input"]))
         flat = [t for item in items for t in item]
-        return EmbeddingPrompt(flat, token_key(flat), (), items, dims, body.get("encoding_format") == "base64")
+        skip = self._prompt_positions()
+        starts = tuple(skip if isinstance(item, str) else 0 for item in body["input"]) if skip else ()
+        base64 = body.get("encoding_format") == "base64"
+        return EmbeddingPrompt(flat, token_key(flat), (), items, dims, base64, starts)
+
+    def _prompt_positions(self) -> int:
+        """Positions of the instruction prompt that a mean leaves out: sentence-transformers' prompt_length (the
+        prompt's token count less one, for the special token its tokenizer appends) when include_prompt is off."""
+        if self.embedding.include_prompt or not self.embedding.prefix:
+            return 0
+        return max(len(self.tokenizer.encode(self.embedding.prefix)) - 1, 0)
 
     def _item(self, item: str | list[int], i: int) -> list[int]:
         if isinstance(item, list):
@@ -102,6 +120,14 @@ def load_decoder(ref: str, path: Path, *, context_length: int | None = None) -> 
     def forward(ids: mx.array, mask: mx.array) -> mx.array:
         return body(ids)  # right-padded rows: the causal mask alone keeps pads out of every real position
 
+    def extend(ids: mx.array, caches: list[Any]) -> mx.array:
+        return body(ids, cache=caches)
+
+    def new_cache() -> list[Any]:
+        return make_prompt_cache(model)
+
+    plain = all(type(c) is KVCache for c in new_cache())  # rotating or recurrent caches cannot be copied per row
+
     return EmbeddingModel(
         ref=ref,
         path=path,
@@ -114,4 +140,6 @@ def load_decoder(ref: str, path: Path, *, context_length: int | None = None) -> 
         forward=forward,
         causal=True,
         dim=int(model_config["hidden_size"]),
+        extend=extend if plain else None,
+        new_cache=new_cache if plain else None,
     )

@@ -41,6 +41,8 @@ class EmbeddingConfig:
     """The instruction prompt prefixed to every text input (token-id inputs are taken as given)."""
     matryoshka: bool = False
     """Whether `dimensions` may truncate the vectors (then renormalized)."""
+    include_prompt: bool = True
+    """Pooling's `include_prompt`: False leaves the instruction prompt's positions out of a mean."""
 
 
 def _read_json(path: Path) -> Any:
@@ -86,4 +88,5 @@ def read_config(path: Path) -> EmbeddingConfig:
         normalize=normalize,
         prefix=str(prefix),
         matryoshka=declares_matryoshka(path),
+        include_prompt=bool(pooling.get("include_prompt", True)),
     )
