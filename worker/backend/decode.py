@@ -90,11 +90,10 @@ class DecodeBatch:
         """
         gen, b = self._gen, self.backend
         if gen._unprocessed_sequences:  # mlx-lm takes at most prefill_batch_size of them into its prompt pass
-            decoding = len(gen._generation_batch)
-            wait = decoding * 2 >= b.batch_size and b.batch_size - decoding < b.refill_rows
+            refill = len(gen._prompt_batch) or refill_now(len(gen._generation_batch), b.batch_size, b.refill_rows)
             gen.prefill_batch_size = (
                 0
-                if wait and not len(gen._prompt_batch)
+                if not refill
                 else prefill_rows(
                     gen._unprocessed_sequences, rows=b.prefill_batch_size, tokens=b.prefill_tokens, step=b.prefill_step
                 )
@@ -164,6 +163,12 @@ class DecodeBatch:
         if self._view is None or self._view[0] is not entry or self._view[1] != length:
             self._view = (entry, length, kv.view(entry.value, entry.tokens, length))
         return self._view[2]
+
+
+def refill_now(decoding: int, batch: int, refill_rows: int) -> bool:
+    """Whether a batch decoding `decoding` of `batch` rows takes queued rows now: at once when under half full,
+    else only once `refill_rows` are free (each refill is a prompt pass that stalls every decoding row)."""
+    return decoding * 2 < batch or batch - decoding >= refill_rows
 
 
 def prefill_rows(queue: Iterable[Any], *, rows: int, tokens: int, step: int) -> int:

@@ -31,7 +31,5 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.completion_batch_size < 1 or self.prefill_batch_size < 1 or self.prefill_step_size < 1:
             raise ValueError("batch sizes and the prefill step must be at least 1")
-        if self.refill_rows is None:
-            self.refill_rows = max(1, self.completion_batch_size // defaults.REFILL_FRACTION)
         if self.min_shared_tokens < 1:
             raise ValueError("min_shared_tokens must be at least 1")
